@@ -1,0 +1,1 @@
+"""A miniature Kafka broker built on purgatory_aio."""

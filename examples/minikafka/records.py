@@ -1,0 +1,46 @@
+"""Records and the partitions they live in."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+#: Bytes a record costs beyond its key and value (offset delta, timestamp, lengths, headers).
+RECORD_OVERHEAD = 16
+
+
+class TopicPartition(NamedTuple):
+    """One partition of a topic; the watch key of produce and fetch operations."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class Record(NamedTuple):
+    """One message as producers send it and consumers receive it.
+
+    ``delay`` asks the broker to hold the record back: it joins the log (and
+    becomes visible to consumers) ``delay`` seconds after the broker accepted it.
+    ``producer_id`` and ``sequence`` are stamped by the producer client per
+    partition; the broker stores them untouched (it does not deduplicate), which
+    makes duplicates and reordering caused by retries visible in the log.
+    """
+
+    value: bytes
+    key: bytes | None = None
+    timestamp: float = 0.0
+    delay: float = 0.0
+    producer_id: int = -1
+    sequence: int = -1
+
+    @property
+    def size(self) -> int:
+        """Bytes this record occupies in a log, a batch or a fetch response."""
+        return record_size(self)
+
+
+def record_size(record: Record) -> int:
+    key = record.key
+    return RECORD_OVERHEAD + len(record.value) + (0 if key is None else len(key))

@@ -1,0 +1,32 @@
+"""purgatory_aio: asyncio-native delayed operations on a hierarchical timing wheel.
+
+Hold requests that complete when a condition on a key holds, or at a deadline —
+long-poll fetches, acks=all writes, group joins, heartbeats — the way Kafka's
+purgatory does, on one asyncio reaper and O(1) timers.
+"""
+
+from ._clock import Clock as Clock
+from ._clock import LoopClock as LoopClock
+from ._errors import PurgatoryClosed as PurgatoryClosed
+from ._operation import DelayedOperation as DelayedOperation
+from ._purgatory import Purgatory as Purgatory
+from ._purgatory import PurgatoryStats as PurgatoryStats
+from ._timer import Timer as Timer
+from ._timer import TimerHandle as TimerHandle
+from .events import EventSink as EventSink
+from .events import OperationEvent as OperationEvent
+
+__all__ = [
+    "Clock",
+    "DelayedOperation",
+    "EventSink",
+    "LoopClock",
+    "OperationEvent",
+    "Purgatory",
+    "PurgatoryClosed",
+    "PurgatoryStats",
+    "Timer",
+    "TimerHandle",
+]
+
+__version__ = "0.1.0"

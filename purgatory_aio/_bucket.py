@@ -1,0 +1,34 @@
+"""A timer bucket: the entries of one wheel slot for one rotation.
+
+Entries live in an insertion-ordered dict used as a set, so adding and
+removing one is O(1) and the bucket needs no linked list of its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._timer import TimerEntry
+
+
+class Bucket:
+    """One slot of one wheel level.
+
+    ``expiration`` is the tick index at which the bucket comes due, or -1 while
+    it is not queued. A bucket enters the timer's queue of due times only when
+    its expiration changes, i.e. at most once per rotation of its wheel.
+    """
+
+    __slots__ = ("entries", "expiration", "level")
+
+    def __init__(self, level: int) -> None:
+        self.entries: dict[TimerEntry, None] = {}
+        self.expiration = -1
+        self.level = level
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return f"<Bucket level={self.level} expiration={self.expiration} size={len(self.entries)}>"

@@ -1,0 +1,75 @@
+"""The clock seam: where timers and purgatories read time and arm wake-ups.
+
+Production code runs on :class:`LoopClock`; tests swap in
+:class:`purgatory_aio.testing.ManualClock`, whose time moves only when told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Cancellable(Protocol):
+    """A scheduled wake-up that can be withdrawn."""
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Time source and wake-up scheduler used by :class:`~purgatory_aio.Timer`.
+
+    ``time()`` is monotonic seconds; ``epoch_offset`` converts it to Unix time
+    (``time() + epoch_offset``) for event records.
+    """
+
+    @property
+    def epoch_offset(self) -> float: ...
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        """Run ``callback`` on the running loop once ``time() >= when`` (maybe later)."""
+        ...
+
+    async def sleep(self, delay: float) -> None: ...
+
+
+class LoopClock:
+    """Real time: ``time.monotonic`` and the running loop's timers.
+
+    ``time.monotonic`` rather than ``loop.time()``: uvloop's ``loop.time()`` is a
+    millisecond value cached once per loop iteration, which would let a deadline
+    computed from it fall before the real instant. Wake-ups armed through the
+    loop may still fire a little early (clock resolution, uvloop's millisecond
+    rounding), so every consumer re-checks ``time()`` when woken.
+    """
+
+    __slots__ = ("_epoch_offset",)
+
+    def __init__(self) -> None:
+        self._epoch_offset = time.time() - time.monotonic()
+
+    @property
+    def epoch_offset(self) -> float:
+        return self._epoch_offset
+
+    time = staticmethod(time.monotonic)
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, when - time.monotonic()), callback)
+
+    async def sleep(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+
+    def __repr__(self) -> str:
+        return "LoopClock()"
+
+
+#: Shared by every timer and purgatory built without an explicit clock.
+DEFAULT_CLOCK = LoopClock()

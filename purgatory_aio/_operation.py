@@ -1,0 +1,297 @@
+"""DelayedOperation: completes when its condition holds, or at its deadline at the latest.
+
+The life of an operation is one guarded transition out of *pending* — to
+completed (satisfied, expired or shut down) or to cancelled — followed, for a
+completion, by its callbacks and then its *settlement*, when awaiters are
+released. The transition is taken under one lock, so exactly one of any number
+of concurrent ``force_complete``/expiration/``cancel``/shutdown calls wins, from
+whichever thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from abc import ABCMeta, abstractmethod
+from collections.abc import Awaitable, Generator, Hashable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from ._callbacks import run_callbacks
+from ._timer import TimerEntry
+from ._validation import INF, check_seconds
+
+if TYPE_CHECKING:
+    from ._purgatory import Purgatory
+
+__all__ = ["DelayedOperation"]
+
+R = TypeVar("R")
+
+# One lock for every state transition: held for a few bytecodes, never across a call
+# into user code, so contention is negligible and no per-operation lock is allocated.
+_TRANSITION = threading.Lock()
+
+# Bits of DelayedOperation._state.
+COMPLETED = 1  # won the transition to completed; on_complete runs (or ran)
+EXPIRED = 2  # ... because the deadline passed (or shutdown expired it)
+CANCELLED = 4  # won the transition to cancelled; no callback runs
+SETTLED = 8  # outcome final, awaiters released
+FAILED = 16  # the outcome is an exception
+SHUTDOWN = 32  # completed by Purgatory.shutdown
+ENDED = COMPLETED | CANCELLED
+
+
+class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
+    """An operation that completes when a condition holds, or at its deadline.
+
+    Subclass it, implement :meth:`try_complete` (cheap, synchronous: check the
+    condition and ``return self.force_complete()`` if it holds) and
+    :meth:`on_complete` (sync or ``async``; builds the result, runs exactly once
+    whether the operation was satisfied or expired). Optionally override
+    :meth:`on_expiration`.
+
+    Class attributes:
+        op_type: name used in the event log (the class name by default).
+        offload_callbacks: run synchronous callbacks in a worker thread
+            (anyio, bounded by the purgatory's limiter) instead of on the loop.
+
+    Example:
+        >>> class WaitForOffset(DelayedOperation[int]):
+        ...     def __init__(self, log, offset, timeout):
+        ...         super().__init__(timeout)
+        ...         self.log, self.offset = log, offset
+        ...     def try_complete(self):
+        ...         return self.log.end >= self.offset and self.force_complete()
+        ...     def on_complete(self):
+        ...         return self.log.end
+    """
+
+    __slots__ = ("_busy", "_keys", "_outcome", "_purgatory", "_state", "_timeout", "_waiter")
+
+    op_type: ClassVar[str | None] = None
+    offload_callbacks: ClassVar[bool] = False
+    _async_complete: ClassVar[bool] = False
+    _async_expire: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._async_complete = inspect.iscoroutinefunction(cls.on_complete)
+        cls._async_expire = inspect.iscoroutinefunction(cls.on_expiration)
+
+    def __init__(self, timeout: float) -> None:
+        if not (timeout.__class__ is float and 0.0 <= timeout < INF):
+            timeout = check_seconds(timeout, "timeout")
+        self._timeout = timeout
+        self._state = 0
+        self._busy = False
+        self._bucket = None
+        self._purgatory: Purgatory | None = None
+        self._keys: tuple[Hashable, ...] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._outcome: Any = None
+
+    # -- to implement ------------------------------------------------------------------------
+
+    @abstractmethod
+    def try_complete(self) -> bool:
+        """Check the condition; if it holds ``return self.force_complete()``, else False."""
+
+    @abstractmethod
+    def on_complete(self) -> R | Awaitable[R]:
+        """Build the result. Runs exactly once, satisfied or expired; may be ``async``."""
+
+    def on_expiration(self) -> None | Awaitable[None]:
+        """Runs after :meth:`on_complete`, only when the operation expired."""
+        return None
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def deadline(self) -> float | None:
+        """Clock time at which it expires, once handed to a purgatory."""
+        return self._deadline if self._purgatory is not None else None
+
+    @property
+    def keys(self) -> tuple[Hashable, ...]:
+        """The keys it is (or was) watched under; empty if never watched."""
+        return self._keys or ()
+
+    @property
+    def is_completed(self) -> bool:
+        """True once completed: satisfied, expired, or by shutdown (not when cancelled)."""
+        return bool(self._state & COMPLETED)
+
+    @property
+    def expired(self) -> bool:
+        """True if it was completed by its deadline passing (or by shutdown)."""
+        return bool(self._state & EXPIRED)
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self._state & CANCELLED)
+
+    def done(self) -> bool:
+        """True once settled: the result, exception or cancellation is final."""
+        return bool(self._state & SETTLED)
+
+    def result(self) -> R:
+        """The result of a settled operation (like ``Future.result``)."""
+        state = self._state
+        if not state & SETTLED:
+            raise asyncio.InvalidStateError("operation is not settled yet")
+        if state & CANCELLED:
+            raise asyncio.CancelledError("operation was cancelled")
+        if state & FAILED:
+            raise self._outcome
+        return self._outcome  # type: ignore[no-any-return]
+
+    def exception(self) -> BaseException | None:
+        """The exception of a settled, failed operation, else None."""
+        state = self._state
+        if not state & SETTLED:
+            raise asyncio.InvalidStateError("operation is not settled yet")
+        if state & CANCELLED:
+            raise asyncio.CancelledError("operation was cancelled")
+        return self._outcome if state & FAILED else None  # type: ignore[no-any-return]
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def force_complete(self) -> bool:
+        """Complete now; True only for the one call that completed it.
+
+        Removes it from the timer and runs :meth:`on_complete`. Safe from any
+        thread: off the purgatory's loop thread the bookkeeping and callbacks are
+        handed to the loop.
+        """
+        with _TRANSITION:
+            if self._state & ENDED:
+                return False
+            self._state |= COMPLETED
+        purgatory = self._purgatory
+        if purgatory is None:
+            run_callbacks(self, None)
+        else:
+            purgatory._on_completed(self)
+        return True
+
+    def cancel(self) -> bool:
+        """Withdraw a pending operation: ``on_complete`` never runs, awaiters get
+        :class:`asyncio.CancelledError`. True if this call withdrew it."""
+        with _TRANSITION:
+            if self._state & ENDED:
+                return False
+            self._state |= CANCELLED | SETTLED
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._on_cancelled(self)
+        self._release()
+        return True
+
+    def _fire(self) -> None:
+        """The timer says the deadline has passed."""
+        with _TRANSITION:
+            if self._state & ENDED:
+                return
+            self._state |= COMPLETED | EXPIRED
+        purgatory = self._purgatory
+        assert purgatory is not None
+        purgatory._on_expired(self)
+
+    def _expire_for_shutdown(self) -> bool:
+        with _TRANSITION:
+            if self._state & ENDED:
+                return False
+            self._state |= COMPLETED | EXPIRED | SHUTDOWN
+        return True
+
+    def _safe_try_complete(self) -> bool:
+        """``try_complete`` guarded against re-entrant calls, counting only a real completion.
+
+        An exception from ``try_complete`` settles the operation with that exception
+        (it could otherwise be left pending with a condition that can never be checked).
+        """
+        if self._busy or self._state & ENDED:
+            return False
+        self._busy = True
+        try:
+            return bool(self.try_complete()) and bool(self._state & COMPLETED)
+        except Exception as exc:
+            return self._fail_from_try_complete(exc)
+        finally:
+            self._busy = False
+
+    def _fail_from_try_complete(self, exc: Exception) -> bool:
+        with _TRANSITION:
+            if self._state & ENDED:
+                won = False
+            else:
+                self._state |= COMPLETED
+                won = True
+        purgatory = self._purgatory
+        if purgatory is not None:
+            purgatory._callback_failed(self, exc, "try_complete")
+        if not won:
+            return False
+        if purgatory is not None:
+            purgatory._on_completed(self, failure=exc)
+        else:
+            self._settle(exc, failed=True)
+        return True
+
+    # -- settlement and awaiting -------------------------------------------------------------
+
+    def _settle(self, outcome: Any, failed: bool) -> None:
+        """Record the outcome and release awaiters (called once, by the winner)."""
+        self._outcome = outcome
+        self._state |= SETTLED | FAILED if failed else SETTLED
+        if self._waiter is not None:
+            self._release()
+
+    def _release(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        loop = waiter.get_loop()
+        if asyncio._get_running_loop() is loop:
+            waiter.set_result(None)
+        else:
+            try:
+                loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:  # that loop is closed: nobody is left to wake
+                pass
+
+    def __await__(self) -> Generator[Any, None, R]:
+        if not self._state & SETTLED:
+            waiter = self._waiter
+            if waiter is None:
+                self._waiter = waiter = asyncio.get_running_loop().create_future()
+                # Settlement may have happened on another thread between the check
+                # above and publishing the waiter; it then found no waiter to wake.
+                if self._state & SETTLED:
+                    waiter.set_result(None)
+            yield from asyncio.shield(waiter).__await__()
+        return self.result()
+
+    def __repr__(self) -> str:
+        state = self._state
+        if state & CANCELLED:
+            status = "cancelled"
+        elif state & SHUTDOWN:
+            status = "shutdown"
+        elif state & EXPIRED:
+            status = "expired"
+        elif state & COMPLETED:
+            status = "completed"
+        else:
+            status = "pending"
+        return f"<{type(self).__name__} {status} timeout={self._timeout}>"
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,509 @@
+"""The purgatory: operations watched under keys and timed out by a timing wheel.
+
+Watch lists are insertion-ordered dicts (one per key), so adding and removing an
+operation is O(1) and ``check_and_complete`` visits operations oldest first.
+As in Kafka, an operation completed other than by walking a key stays in its
+other watch lists until a walk meets it or a purge removes it; ``watched``
+counts those entries too. A purge runs when such stale entries (or the
+operations holding them) exceed ``purge_interval``, and visits only those
+operations, never the whole set of watch lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import threading
+from collections.abc import Coroutine, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+import structlog
+
+from ._callbacks import run_callbacks
+from ._clock import DEFAULT_CLOCK, Clock
+from ._errors import PurgatoryClosed
+from ._operation import CANCELLED, ENDED, EXPIRED, FAILED, SHUTDOWN, DelayedOperation
+from ._timer import Timer
+from ._validation import check_positive_int
+from .events import EventSink, OperationEvent
+
+__all__ = ["Purgatory", "PurgatoryStats"]
+
+_log = structlog.get_logger("purgatory_aio.purgatory")
+
+R = TypeVar("R")
+
+_get_ident = threading.get_ident
+
+
+@dataclass(frozen=True, slots=True)
+class PurgatoryStats:
+    """A snapshot of a purgatory's counters (cumulative since it was created)."""
+
+    name: str
+    pending: int
+    watched: int
+    keys: int
+    completed: int
+    expired: int
+    cancelled: int
+    shutdown: int
+    purged: int
+    callback_errors: int
+    events_failed: int
+
+
+class Purgatory:
+    """Holds delayed operations until their condition holds or their deadline passes.
+
+    Example:
+        >>> async def handle_fetch(p: Purgatory, partition, offset):
+        ...     op = DelayedFetch(partition, offset, timeout=0.5)
+        ...     return await p.watch_and_wait(op, [partition])
+
+    Args:
+        name: label for logs, metrics and the event log.
+        tick: timing-wheel tick in seconds; expirations are at most one tick late
+            (plus event-loop delay), never early.
+        wheel_size: slots per timing-wheel level.
+        purge_interval: how many stale watch-list entries may linger before a purge.
+        clock: time source (the loop's monotonic clock by default; a
+            :class:`~purgatory_aio.testing.ManualClock` in tests).
+        event_sink: receives an :class:`~purgatory_aio.events.OperationEvent` per
+            settled operation.
+        offload_callbacks: run every operation's synchronous callbacks in worker
+            threads (an operation class can ask for it alone).
+        offload_threads: worker threads the offloaded callbacks may use at once.
+        log_operations: log every settled operation at debug level.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        tick: float = 0.001,
+        wheel_size: int = 20,
+        purge_interval: int = 1000,
+        clock: Clock | None = None,
+        event_sink: EventSink | None = None,
+        offload_callbacks: bool = False,
+        offload_threads: int = 8,
+        log_operations: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        self._purge_interval = check_positive_int(purge_interval, "purge_interval")
+        self._offload_threads = check_positive_int(offload_threads, "offload_threads")
+        if clock is not None and not (callable(getattr(clock, "time", None)) and callable(
+            getattr(clock, "call_at", None)
+        )):
+            raise TypeError(f"clock must provide time() and call_at(), got {clock!r}")
+        if event_sink is not None and not callable(getattr(event_sink, "emit", None)):
+            raise TypeError(f"event_sink must have an emit(event) method, got {event_sink!r}")
+        self._clock: Clock = DEFAULT_CLOCK if clock is None else clock
+        self._timer = Timer(tick=tick, wheel_size=wheel_size, clock=self._clock)
+        self.name = name
+        self._offload = bool(offload_callbacks)
+        self._capacity: anyio.CapacityLimiter | None = None
+        self._sink = event_sink
+        self._log_ops = log_operations
+        self._watchers: dict[Hashable, dict[DelayedOperation[Any], bool]] = {}
+        self._watched = 0  # entries in all watch lists
+        self._live = 0  # entries belonging to operations still pending
+        self._dirty: list[DelayedOperation[Any]] = []  # settled, maybe still listed
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread_id = -1
+        self._closed = False
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self._n_completed = 0
+        self._n_expired = 0
+        self._n_cancelled = 0
+        self._n_shutdown = 0
+        self._n_purged = 0
+        self._n_errors = 0
+        self._n_event_errors = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Purgatory:
+        if self._closed:
+            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
+        if self._loop is None:
+            self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def _start(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                f"purgatory {self.name!r} must be used from a running event loop"
+            ) from None
+        self._loop = loop
+        self._thread_id = _get_ident()
+        track = getattr(self._clock, "_track", None)
+        if track is not None:
+            track(self)
+        _log.debug("purgatory_started", purgatory=self.name)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def shutdown(self, *, expire_pending: bool = True) -> None:
+        """Stop the reaper and settle every pending operation.
+
+        By default each pending operation is expired now (``on_complete`` then
+        ``on_expiration`` run, so every waiting client gets an answer); with
+        ``expire_pending=False`` they are cancelled instead. Waits for callbacks
+        still running. Idempotent: later calls wait for the first to finish.
+        """
+        if self._shutdown_task is None:
+            self._closed = True
+            self._shutdown_task = asyncio.get_running_loop().create_task(
+                self._shutdown(expire_pending)
+            )
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self, expire_pending: bool) -> None:
+        pending = self._timer._drain()
+        for op in pending:
+            if not isinstance(op, DelayedOperation):
+                continue
+            if expire_pending:
+                if op._expire_for_shutdown():
+                    self._n_shutdown += 1
+                    self._retire(op)
+                    run_callbacks(op, self)
+            else:
+                op.cancel()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._timer.close()
+        self._watchers.clear()
+        self._dirty.clear()
+        self._watched = self._live = 0
+        _log.info(
+            "purgatory_shutdown",
+            purgatory=self.name,
+            settled=len(pending),
+            expired_pending=expire_pending,
+        )
+
+    # -- the contract --------------------------------------------------------------------------
+
+    async def try_complete_else_watch(
+        self, op: DelayedOperation[Any], keys: Iterable[Hashable]
+    ) -> bool:
+        """Try once; if not completed, watch ``op`` under every key, try again, and
+        if still pending add it to the timer (deadline ``now + op.timeout``).
+
+        Returns True if ``op`` was completed during this call.
+        """
+        if self._closed:
+            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
+        if self._loop is None:
+            self._start()
+        watch_keys = self._check_watch(op, keys)
+        op._deadline = self._clock.time() + op._timeout
+        op._purgatory = self
+        if op._safe_try_complete():
+            return True
+        if op._state & ENDED:
+            return False
+        watchers = self._watchers
+        for key in watch_keys:
+            watch_list = watchers.get(key)
+            if watch_list is None:
+                watchers[key] = {op: True}
+            else:
+                watch_list[op] = True
+        op._keys = watch_keys
+        self._watched += len(watch_keys)
+        self._live += len(watch_keys)
+        if op._state & ENDED:
+            return False
+        if op._safe_try_complete():
+            return True
+        if not op._state & ENDED:
+            self._timer._add(op, op._deadline)
+        return False
+
+    async def watch_and_wait(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> R:
+        """Watch ``op`` and return its result, for request handlers.
+
+        If the awaiting task is cancelled (the client went away), ``op`` is
+        cancelled too, so nothing stays pending for a caller who is gone.
+        """
+        await self.try_complete_else_watch(op, keys)
+        try:
+            return await op
+        except asyncio.CancelledError:
+            op.cancel()
+            raise
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try to complete the operations watched under ``key``; return how many did.
+
+        For the loop thread (re-entrant calls from callbacks are fine); from other
+        threads use :meth:`check_and_complete_threadsafe`.
+        """
+        try:
+            watch_list = self._watchers.get(key)
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        if watch_list is None:
+            return 0
+        if self._thread_id != _get_ident():
+            raise RuntimeError(
+                "check_and_complete called off the loop thread; use check_and_complete_threadsafe"
+            )
+        completed = 0
+        # A snapshot: callbacks run while walking may watch, complete or cancel on this key.
+        for op in tuple(watch_list):
+            if op._state & ENDED:
+                if watch_list.pop(op, False):
+                    self._watched -= 1
+            elif op._safe_try_complete():
+                completed += 1
+                if watch_list.pop(op, False):
+                    self._watched -= 1
+        if not watch_list and self._watchers.get(key) is watch_list:
+            del self._watchers[key]
+        return completed
+
+    def check_and_complete_threadsafe(self, key: Hashable) -> concurrent.futures.Future[int]:
+        """:meth:`check_and_complete` from any thread; the future gets the count."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(f"purgatory {self.name!r} has not started on an event loop")
+        try:
+            hash(key)
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(self._check_into, key, future)
+        return future
+
+    def _check_into(self, key: Hashable, future: concurrent.futures.Future[int]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(self.check_and_complete(key))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
+        """Cancel every pending operation watched under ``key`` and return them."""
+        try:
+            watch_list = self._watchers.pop(key, None)
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        if watch_list is None:
+            return []
+        self._watched -= len(watch_list)
+        return [op for op in watch_list if op.cancel()]
+
+    @property
+    def num_delayed(self) -> int:
+        """Pending operations in the timer."""
+        return len(self._timer)
+
+    @property
+    def watched(self) -> int:
+        """Entries across all watch lists, including settled ones not yet purged."""
+        return self._watched
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def time(self) -> float:
+        return self._clock.time()
+
+    def stats(self) -> PurgatoryStats:
+        return PurgatoryStats(
+            name=self.name,
+            pending=len(self._timer),
+            watched=self._watched,
+            keys=len(self._watchers),
+            completed=self._n_completed,
+            expired=self._n_expired,
+            cancelled=self._n_cancelled,
+            shutdown=self._n_shutdown,
+            purged=self._n_purged,
+            callback_errors=self._n_errors,
+            events_failed=self._n_event_errors,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<Purgatory {self.name!r} delayed={len(self._timer)} watched={self._watched}"
+            f"{' closed' if self._closed else ''}>"
+        )
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def _check_watch(self, op: object, keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+        if not isinstance(op, DelayedOperation):
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+        if op._purgatory is not None:
+            raise ValueError(f"{op!r} was already handed to purgatory {op._purgatory.name!r}")
+        if op._state & ENDED:
+            raise ValueError(f"{op!r} is already completed or cancelled")
+        if isinstance(keys, str | bytes):
+            raise TypeError(f"keys must be a collection of keys, not the single key {keys!r}")
+        try:
+            unique = tuple(dict.fromkeys(keys))
+        except TypeError:
+            if not isinstance(keys, Iterable):
+                raise TypeError(f"keys must be an iterable of keys, got {keys!r}") from None
+            bad = next(k for k in keys if not _hashable(k))
+            raise TypeError(f"watch key {bad!r} is not hashable") from None
+        if not unique:
+            raise ValueError("keys must not be empty: an operation has to be watched under a key")
+        return unique
+
+    # -- called by operations ------------------------------------------------------------------
+
+    def _on_completed(self, op: DelayedOperation[Any], failure: Exception | None = None) -> None:
+        if self._thread_id != _get_ident():
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._completed, op, failure)
+        else:
+            self._completed(op, failure)
+
+    def _completed(self, op: DelayedOperation[Any], failure: Exception | None) -> None:
+        if op._bucket is not None:
+            self._timer._remove(op)
+        self._n_completed += 1
+        self._retire(op)
+        if failure is None:
+            run_callbacks(op, self)
+        else:
+            op._settle(failure, failed=True)
+            self._on_settled(op)
+
+    def _on_expired(self, op: DelayedOperation[Any]) -> None:
+        self._n_expired += 1
+        self._retire(op)
+        run_callbacks(op, self)
+
+    def _on_cancelled(self, op: DelayedOperation[Any]) -> None:
+        if self._thread_id != _get_ident():
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._cancelled, op)
+        else:
+            self._cancelled(op)
+
+    def _cancelled(self, op: DelayedOperation[Any]) -> None:
+        if op._bucket is not None:
+            self._timer._remove(op)
+        self._n_cancelled += 1
+        self._retire(op)
+        self._on_settled(op)
+
+    def _retire(self, op: DelayedOperation[Any]) -> None:
+        """``op`` is no longer pending: its watch entries become stale."""
+        keys = op._keys
+        if keys is None:
+            return
+        self._live -= len(keys)
+        dirty = self._dirty
+        dirty.append(op)
+        limit = self._purge_interval
+        if len(dirty) > limit or self._watched - self._live > limit:
+            self._purge()
+
+    def _purge(self) -> None:
+        watchers = self._watchers
+        removed = 0
+        dirty, self._dirty = self._dirty, []
+        for op in dirty:
+            keys = op._keys
+            assert keys is not None
+            for key in keys:
+                watch_list = watchers.get(key)
+                if watch_list is not None and watch_list.pop(op, False):
+                    removed += 1
+                    if not watch_list:
+                        del watchers[key]
+        self._watched -= removed
+        self._n_purged += removed
+
+    def _on_settled(self, op: DelayedOperation[Any]) -> None:
+        sink = self._sink
+        if sink is not None:
+            self._emit(sink, op)
+        if self._log_ops:
+            _log.debug("operation_settled", purgatory=self.name, op=repr(op))
+
+    def _emit(self, sink: EventSink, op: DelayedOperation[Any]) -> None:
+        state = op._state
+        if state & CANCELLED:
+            outcome = "cancelled"
+        elif state & SHUTDOWN:
+            outcome = "shutdown"
+        elif state & EXPIRED:
+            outcome = "expired"
+        else:
+            outcome = "completed"
+        error = None
+        if state & FAILED:
+            exc = op._outcome
+            error = f"{type(exc).__name__}: {exc}"
+        epoch = self._clock.epoch_offset
+        deadline = op._deadline
+        event = OperationEvent(
+            purgatory=self.name,
+            op_type=type(op).op_type or type(op).__name__,
+            op_id=next(self._ids),
+            keys=[str(key) for key in op._keys or ()],
+            created_at=deadline - op._timeout + epoch,
+            deadline=deadline + epoch,
+            settled_at=self._clock.time() + epoch,
+            outcome=outcome,  # type: ignore[arg-type]
+            error=error,
+        )
+        try:
+            sink.emit(event)
+        except Exception:
+            self._n_event_errors += 1
+            _log.exception("event_sink_error", purgatory=self.name)
+
+    def _callback_failed(self, op: DelayedOperation[Any], exc: Exception, stage: str) -> None:
+        self._n_errors += 1
+        _log.error(
+            "callback_error", purgatory=self.name, op=repr(op), stage=stage, exc_info=exc
+        )
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _busy_tasks(self) -> Iterable[asyncio.Task[None]]:
+        return tuple(self._tasks)
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        if self._capacity is None:
+            self._capacity = anyio.CapacityLimiter(self._offload_threads)
+        return self._capacity
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+

@@ -1,0 +1,463 @@
+"""Hierarchical timing wheel with one deadline-driven asyncio reaper.
+
+Adding or cancelling a timer touches one bucket dict: O(1) whatever the number
+pending. Only buckets go into the priority queue of due times, each at most
+once per rotation, so the queue stays as small as the number of non-empty
+slots. One reaper task sleeps until the earliest queued bucket is due; with
+nothing pending it sleeps on a future nobody resolves, so an idle timer costs
+no wake-ups at all.
+
+Deadlines map to tick ``floor(deadline / tick) + 1``, so a bucket comes due
+only after every deadline in it; an entry is fired only once the clock has
+reached its own deadline, which keeps early wake-ups of the event loop (clock
+resolution, uvloop's millisecond rounding) from firing anything early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+from collections.abc import Callable
+from operator import attrgetter
+from typing import Any
+
+import structlog
+
+from ._bucket import Bucket
+from ._clock import DEFAULT_CLOCK, Cancellable, Clock
+from ._validation import (
+    check_callable,
+    check_instant,
+    check_positive_int,
+    check_positive_seconds,
+    check_seconds,
+)
+from ._wheel import Wheel
+
+__all__ = ["Timer", "TimerEntry", "TimerHandle"]
+
+_log = structlog.get_logger("purgatory_aio.timer")
+
+_INF = math.inf
+_by_deadline = attrgetter("_deadline")
+_heappush = heapq.heappush
+_heappop = heapq.heappop
+
+
+class TimerEntry:
+    """Something the timer can hold: a deadline, its bucket, and what to do when due.
+
+    Subclasses implement :meth:`_fire`. The timer owns ``_bucket``; ``_deadline``
+    is set by the timer when the entry is added.
+    """
+
+    __slots__ = ("_bucket", "_deadline")
+
+    _deadline: float
+    _bucket: Bucket | None
+
+    def _fire(self) -> None:
+        raise NotImplementedError
+
+
+_PENDING, _FIRED, _CANCELLED = 0, 1, 2
+
+
+class TimerHandle(TimerEntry):
+    """A callback scheduled on a :class:`Timer`; returned by ``call_later``/``call_at``."""
+
+    __slots__ = ("_args", "_callback", "_state", "_timer")
+
+    def __init__(
+        self, timer: Timer, callback: Callable[..., object], args: tuple[Any, ...]
+    ) -> None:
+        self._bucket = None
+        self._timer = timer
+        self._callback: Callable[..., object] | None = callback
+        self._args = args
+        self._state = _PENDING
+
+    def when(self) -> float:
+        """The deadline, in the timer's clock."""
+        return self._deadline
+
+    def cancel(self) -> bool:
+        """Withdraw the callback at once; True if this call stopped it from running."""
+        if self._state != _PENDING:
+            return False
+        self._state = _CANCELLED
+        self._callback = None
+        self._args = ()
+        if self._bucket is not None:
+            self._timer._remove(self)
+        return True
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def pending(self) -> bool:
+        """True while the callback is scheduled and has not run."""
+        return self._state == _PENDING
+
+    def reschedule(self, delay: float) -> None:
+        """Move the handle to ``now + delay``, whether pending or already run."""
+        if self._state == _CANCELLED:
+            raise RuntimeError("cannot reschedule a cancelled timer handle")
+        delay = check_seconds(delay, "delay")
+        timer = self._timer
+        if self._bucket is not None:
+            timer._remove(self)
+        self._state = _PENDING
+        timer._add(self, timer._clock.time() + delay)
+
+    def _fire(self) -> None:
+        if self._state == _PENDING:
+            self._state = _FIRED
+            callback = self._callback
+            assert callback is not None
+            callback(*self._args)
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "cancelled")[self._state]
+        return f"<TimerHandle {state} when={getattr(self, '_deadline', None)} {self._callback!r}>"
+
+
+class Timer:
+    """Masses of timeouts at O(1) per add and cancel, on one asyncio reaper.
+
+    Example:
+        >>> async def main():
+        ...     timer = Timer()
+        ...     handle = timer.call_later(0.05, print, "late")
+        ...     handle.cancel()                # removed from its bucket at once
+        ...     assert len(timer) == 0
+
+    Args:
+        tick: width of a level-0 slot in seconds; the worst-case lateness of a
+            callback beyond event-loop delay.
+        wheel_size: slots per level.
+        clock: time source; the running loop's monotonic clock by default,
+            :class:`~purgatory_aio.testing.ManualClock` in tests.
+
+    A timer belongs to the event loop it is first used on and, like asyncio's
+    own scheduling calls, must be used from that loop's thread.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_armed",
+        "_armed_when",
+        "_clock",
+        "_count",
+        "_heap",
+        "_level0",
+        "_levels",
+        "_loop",
+        "_reaper",
+        "_reaping",
+        "_tick",
+        "_wake",
+        "errors",
+        "wakeups",
+    )
+
+    def __init__(
+        self, tick: float = 0.001, wheel_size: int = 20, clock: Clock | None = None
+    ) -> None:
+        self._tick = check_positive_seconds(tick, "tick")
+        size = check_positive_int(wheel_size, "wheel_size", minimum=2)
+        self._clock: Clock = DEFAULT_CLOCK if clock is None else clock
+        start = int(self._clock.time() // self._tick)
+        self._level0 = Wheel(0, 1, size, start)
+        self._levels = [self._level0]
+        self._heap: list[tuple[int, int, int, Bucket]] = []
+        self._count = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._reaping = False
+        self._wake: asyncio.Future[None] | None = None
+        self._armed: Cancellable | None = None
+        self._armed_when = _INF
+        #: Reaper wake-ups so far (each processes every bucket due by then).
+        self.wakeups = 0
+        #: Callbacks that raised (each is logged, none stops the timer).
+        self.errors = 0
+
+    # -- public API ------------------------------------------------------------------------
+
+    @property
+    def tick(self) -> float:
+        return self._tick
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def levels(self) -> int:
+        """Wheel levels created so far (overflow levels appear on demand)."""
+        return len(self._levels)
+
+    def time(self) -> float:
+        """The current time of this timer's clock."""
+        return self._clock.time()
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` on the loop once ``delay`` seconds have passed."""
+        if not (delay.__class__ is float and 0.0 <= delay < _INF):
+            delay = check_seconds(delay, "delay")
+        if not callable(callback):
+            check_callable(callback, "callback")
+        handle = TimerHandle(self, callback, args)
+        self._add(handle, self._clock.time() + delay)
+        return handle
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """Run ``callback(*args)`` once the clock reads ``when`` (at once if already past)."""
+        when = check_instant(when, "when")
+        check_callable(callback, "callback")
+        handle = TimerHandle(self, callback, args)
+        self._add(handle, when)
+        return handle
+
+    def __len__(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        """Stop the reaper and drop every pending entry without running it."""
+        for entry in self._drain():
+            if isinstance(entry, TimerHandle):
+                entry.cancel()
+        self._stop_reaper()
+
+    async def __aenter__(self) -> Timer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Timer tick={self._tick} pending={self._count} levels={len(self._levels)}>"
+
+    # -- adding and removing -----------------------------------------------------------------
+
+    def _add(self, entry: TimerEntry, deadline: float) -> None:
+        """Place ``entry`` due at ``deadline``; the caller has validated it."""
+        if self._reaper is None:
+            self._start()
+        if self._count == 0 and self._heap:
+            self._reset_queue()
+        entry._deadline = deadline
+        wheel = self._level0
+        if self._count == 0:
+            # Idle until now: nothing can be due before the present, so the wheel may
+            # jump to it instead of cascading new entries down from stale levels.
+            now_tick = int(self._clock.time() // self._tick)
+            if now_tick > wheel.current:
+                for level in self._levels:
+                    level.advance(now_tick)
+        self._count += 1
+        tick_index = int(deadline // self._tick) + 1
+        current = wheel.current
+        if tick_index < current + wheel.size:
+            # Level 0, inlined: the common case for short timeouts.
+            if tick_index < current:
+                tick_index = current
+            bucket = wheel.buckets[tick_index % wheel.size]
+            bucket.entries[entry] = None
+            entry._bucket = bucket
+            if bucket.expiration != tick_index:
+                self._queue(bucket, tick_index)
+        else:
+            self._place_high(entry, tick_index)
+
+    def _place(self, entry: TimerEntry, not_before: int) -> None:
+        """(Re-)place an entry already counted, at tick ``not_before`` at the earliest."""
+        tick_index = max(int(entry._deadline // self._tick) + 1, not_before)
+        wheel = self._level0
+        if tick_index < wheel.current + wheel.size:
+            bucket = wheel.buckets[tick_index % wheel.size]
+            bucket.entries[entry] = None
+            entry._bucket = bucket
+            if bucket.expiration != tick_index:
+                self._queue(bucket, tick_index)
+        else:
+            self._place_high(entry, tick_index)
+
+    def _place_high(self, entry: TimerEntry, tick_index: int) -> None:
+        levels = self._levels
+        i = 1
+        while True:
+            if i == len(levels):
+                below = levels[-1]
+                levels.append(Wheel(i, below.interval, below.size, below.current))
+            wheel = levels[i]
+            if tick_index < wheel.current + wheel.interval:
+                slot = tick_index // wheel.tick
+                bucket = wheel.buckets[slot % wheel.size]
+                bucket.entries[entry] = None
+                entry._bucket = bucket
+                expiration = slot * wheel.tick
+                if bucket.expiration != expiration:
+                    self._queue(bucket, expiration)
+                return
+            i += 1
+
+    def _queue(self, bucket: Bucket, expiration: int) -> None:
+        bucket.expiration = expiration
+        # At equal due ticks higher levels go first, so that entries they cascade into
+        # level 0 join that tick's bucket before it is flushed (deadline order holds).
+        _heappush(self._heap, (expiration, -bucket.level, id(bucket), bucket))
+        if not self._reaping:
+            when = expiration * self._tick
+            if when < self._armed_when:
+                self._arm(when)
+
+    def _remove(self, entry: TimerEntry) -> None:
+        """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
+        bucket = entry._bucket
+        assert bucket is not None
+        del bucket.entries[entry]
+        entry._bucket = None
+        self._count -= 1
+        if not bucket.entries and not self._reaping:
+            heap = self._heap
+            if heap and heap[0][3] is bucket:
+                self._arm_next()
+
+    def _drain(self) -> list[TimerEntry]:
+        """Remove and return every pending entry, in deadline order."""
+        entries: list[TimerEntry] = []
+        for wheel in self._levels:
+            for bucket in wheel.buckets:
+                if bucket.entries:
+                    entries.extend(bucket.entries)
+                    bucket.entries = {}
+                bucket.expiration = -1
+        for entry in entries:
+            entry._bucket = None
+        entries.sort(key=_by_deadline)
+        self._heap.clear()
+        self._count = 0
+        self._disarm()
+        return entries
+
+    # -- the reaper ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("a Timer must be used from a running event loop") from None
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError("this Timer belongs to another event loop")
+        self._loop = loop
+        self._reaper = loop.create_task(self._reap(), name=f"purgatory_aio-reaper-{id(self):x}")
+
+    def _stop_reaper(self) -> None:
+        self._disarm()
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None and not reaper.done():
+            reaper.cancel()
+
+    async def _reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake = wake = loop.create_future()
+            self._arm_next()
+            await wake
+            self.wakeups += 1
+            try:
+                self._advance(self._clock.time())
+            except Exception:  # never let a bug in one pass stop every future timeout
+                _log.exception("timer_reaper_error")
+
+    def _on_due(self) -> None:
+        self._armed = None
+        self._armed_when = _INF
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _arm(self, when: float) -> None:
+        if self._armed is not None:
+            self._armed.cancel()
+        self._armed_when = when
+        self._armed = self._clock.call_at(when, self._on_due)
+
+    def _disarm(self) -> None:
+        if self._armed is not None:
+            self._armed.cancel()
+            self._armed = None
+        self._armed_when = _INF
+
+    def _arm_next(self) -> None:
+        """Arm the wake-up for the earliest non-empty bucket, or for nothing."""
+        heap = self._heap
+        while heap:
+            expiration, _, _, bucket = heap[0]
+            if bucket.expiration == expiration and bucket.entries:
+                when = expiration * self._tick
+                if when != self._armed_when:
+                    self._arm(when)
+                return
+            _heappop(heap)
+            if bucket.expiration == expiration:
+                bucket.expiration = -1
+        self._disarm()
+
+    def _reset_queue(self) -> None:
+        """With nothing pending, every queued bucket is empty: forget them all."""
+        for _, _, _, bucket in self._heap:
+            bucket.expiration = -1
+        self._heap.clear()
+        self._disarm()
+
+    def _advance(self, now: float) -> None:
+        """Flush every bucket due by ``now``: fire what is due, cascade the rest down."""
+        heap = self._heap
+        tick = self._tick
+        levels = self._levels
+        self._reaping = True
+        try:
+            while heap and heap[0][0] * tick <= now:
+                expiration, _, _, bucket = _heappop(heap)
+                if bucket.expiration != expiration:
+                    continue  # queued for a rotation that was reset meanwhile
+                bucket.expiration = -1
+                for wheel in levels:
+                    wheel.advance(expiration)
+                entries = bucket.entries
+                if not entries:
+                    continue
+                bucket.entries = {}
+                if bucket.level:
+                    for entry in entries:
+                        entry._bucket = None
+                        self._place(entry, expiration)
+                    continue
+                # Detach the batch first: a callback may cancel or re-add any entry of it.
+                for entry in entries:
+                    entry._bucket = None
+                batch = sorted(entries, key=_by_deadline) if len(entries) > 1 else entries
+                for entry in batch:
+                    if entry._bucket is not None:
+                        self._count -= 1  # re-added by a callback: that placement stands
+                    elif entry._deadline <= now:
+                        self._count -= 1
+                        try:
+                            entry._fire()
+                        except Exception:
+                            self.errors += 1
+                            _log.exception("timer_callback_error", entry=repr(entry))
+                    else:
+                        # Float rounding put it a hair before its deadline: next tick.
+                        self._place(entry, expiration + 1)
+            # Everything due is flushed, so the wheel can catch up with the clock.
+            now_tick = int(now // tick)
+            if not heap or heap[0][0] > now_tick:
+                for wheel in levels:
+                    wheel.advance(now_tick)
+        finally:
+            self._reaping = False

@@ -1,0 +1,1 @@
+"""Analytics over the operation event log (PySpark)."""

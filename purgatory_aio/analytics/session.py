@@ -1,0 +1,116 @@
+"""Creating a quiet SparkSession that works alone and under ``spark-submit``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from purgatory_aio.analytics.errors import (
+    JAVA_MISSING,
+    ReportError,
+    describe_spark_error,
+    missing_dependency,
+)
+
+try:
+    from pyspark.sql import SparkSession
+except ImportError as exc:
+    raise missing_dependency(exc) from exc
+
+APP_NAME = "purgatory-report"
+DEFAULT_MASTER = "local[*]"
+LOG_LEVEL = "WARN"
+
+
+def under_spark_submit() -> bool:
+    """True when this Python process was started by ``spark-submit`` (its JVM is waiting)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def find_java() -> str | None:
+    """The ``java`` executable Spark would launch, or ``None``.
+
+    Spark's launcher uses ``$JAVA_HOME/bin/java`` when ``JAVA_HOME`` is set, and
+    ``java`` from ``PATH`` otherwise.
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        return str(candidate) if os.access(candidate, os.X_OK) else None
+    return shutil.which("java")
+
+
+def check_java() -> None:
+    """Raise :class:`ReportError` with install advice when no Java runtime is found."""
+    if under_spark_submit():
+        return
+    if find_java() is None:
+        java_home = os.environ.get("JAVA_HOME")
+        if java_home:
+            raise ReportError(f"JAVA_HOME={java_home} holds no bin/java. {JAVA_MISSING}")
+        raise ReportError(JAVA_MISSING)
+
+
+def local_defaults(master: str) -> dict[str, str]:
+    """Settings for a single-machine run: few shuffle partitions, no web UI.
+
+    Args:
+        master: A Spark master URL; only ``local``, ``local[N]`` and ``local[*]`` get defaults.
+    """
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if match is None:
+        return {}
+    threads = match.group(1)
+    if threads is None:
+        cores = 1
+    elif threads == "*":
+        cores = os.cpu_count() or 1
+    else:
+        cores = int(threads)
+    return {
+        # The default of 200 partitions costs more in task overhead than the
+        # aggregations it splits: the report's grouped tables are small.
+        "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
+        "spark.default.parallelism": str(max(2, 2 * cores)),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def create_session(
+    master: str | None = None, conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """Start (or join) the SparkSession for a report run.
+
+    Under ``spark-submit`` the master and settings given to ``spark-submit``
+    stand unless ``master`` is passed; otherwise the default master is
+    ``local[*]``. Local masters get :func:`local_defaults` below ``conf``.
+
+    Args:
+        master: Spark master URL, or ``None`` for the default.
+        conf: Extra Spark settings (``spark.driver.memory`` and the like work
+            only when this call starts the JVM).
+
+    Raises:
+        ReportError: No Java runtime, or the JVM failed to start.
+    """
+    check_java()
+    settings: dict[str, str] = {}
+    effective = master or (None if under_spark_submit() else DEFAULT_MASTER)
+    if effective is not None:
+        settings.update(local_defaults(effective))
+    settings.update(conf or {})
+    builder = SparkSession.builder.appName(APP_NAME)
+    if effective is not None:
+        builder = builder.master(effective)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:
+        raise ReportError(f"cannot start Spark: {describe_spark_error(exc)}") from exc
+    spark.sparkContext.setLogLevel(LOG_LEVEL)
+    return spark

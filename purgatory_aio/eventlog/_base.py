@@ -1,0 +1,367 @@
+"""The queue and worker thread shared by every event log writer."""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import os
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Generic, Self, TypeVar
+
+import structlog
+
+from purgatory_aio.events import OperationEvent
+
+logger = structlog.get_logger()
+
+#: Seconds between two "records dropped" warnings of one writer.
+DROP_WARNING_INTERVAL = 10.0
+
+# Process-wide, so two writers sharing a directory never pick the same file name.
+_file_seq = itertools.count(1)
+
+
+_Payload = TypeVar("_Payload")
+
+
+class QueuedEventWriter(ABC, Generic[_Payload]):
+    """An :class:`~purgatory_aio.events.EventSink` that writes files on a worker thread.
+
+    ``emit`` appends to a bounded in-memory queue and returns at once; it never
+    waits for the worker, a lock held by the worker, or the disk. When the queue
+    is full the record is dropped and counted in :attr:`dropped` (the worker logs
+    a rate-limited warning, and :meth:`close` logs the total).
+
+    The worker writes records in batches of ``batch_size`` (or whatever arrived
+    within ``flush_seconds``) to a file named
+    ``<prefix>-<UTC open time>-<pid>-<seq><suffix>``, so file names sort by
+    time. A file is written under a hidden ``.<name>.tmp`` name and renamed when
+    it is closed: after ``roll_bytes`` bytes, after ``roll_seconds`` seconds, or
+    at :meth:`close`. Readers such as Spark skip hidden files, so they never see
+    a partial file.
+
+    ``emit`` is meant to be called from one thread at a time (the event-loop
+    thread of the purgatories sharing the writer).
+
+    A record the format cannot encode is dropped alone (counted, logged), never
+    with its batch. Subclasses implement the format: :meth:`_encode`,
+    :meth:`_open_file`, :meth:`_write_payload`, :meth:`_bytes_written` and
+    :meth:`_close_file`.
+    """
+
+    suffix: ClassVar[str]
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        batch_size: int = 10_000,
+        roll_bytes: int = 64 * 1024 * 1024,
+        roll_seconds: float = 300.0,
+        queue_size: int = 100_000,
+        flush_seconds: float = 1.0,
+        prefix: str = "events",
+    ) -> None:
+        _check_positive("batch_size", batch_size, int)
+        _check_positive("roll_bytes", roll_bytes, int)
+        _check_positive("roll_seconds", roll_seconds, float)
+        _check_positive("queue_size", queue_size, int)
+        _check_positive("flush_seconds", flush_seconds, float)
+        if not prefix or os.sep in prefix or prefix.startswith((".", "_")):
+            raise ValueError(f"prefix must be a plain, visible file name part, got {prefix!r}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.batch_size = batch_size
+        self.roll_bytes = roll_bytes
+        self.roll_seconds = float(roll_seconds)
+        self.queue_size = queue_size
+        self.flush_seconds = float(flush_seconds)
+        self.prefix = prefix
+
+        # A deque appended by the producer and popped by the worker needs no lock:
+        # both operations are atomic, and only the producer can make it grow.
+        self._pending: collections.deque[OperationEvent] = collections.deque()
+        self._wakeup = threading.Event()
+        self._closing = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._dropped = 0
+        self._written = 0
+        self._failed = 0
+        self._files: list[Path] = []
+        self._warned_after_close = False
+
+        # Worker-thread state.
+        self._tmp_path: Path | None = None
+        self._final_path: Path | None = None
+        self._opened_at = 0.0
+        self._drops_reported = 0
+        self._drops_reported_at = -DROP_WARNING_INTERVAL
+
+        self._thread = threading.Thread(
+            target=self._run, name=f"{type(self).__name__}({self.directory})", daemon=True
+        )
+        self._thread.start()
+        # The worker is a daemon so a forgotten close() cannot hang interpreter exit;
+        # this still flushes what is queued at a normal exit.
+        atexit.register(self.close)
+
+    # -- producer side (event-loop thread) -----------------------------------------------
+
+    def emit(self, event: OperationEvent) -> None:
+        """Queue one record for writing; never blocks.
+
+        Args:
+            event: The settled operation.
+        """
+        pending = self._pending
+        if len(pending) >= self.queue_size or self._closing:
+            self._dropped += 1
+            if self._closing and not self._warned_after_close:
+                self._warned_after_close = True
+                logger.warning(
+                    "eventlog.emit_after_close",
+                    writer=type(self).__name__,
+                    directory=str(self.directory),
+                )
+            return
+        pending.append(event)
+        if len(pending) >= self.batch_size and not self._wakeup.is_set():
+            self._wakeup.set()
+
+    @property
+    def dropped(self) -> int:
+        """Records lost: queue full, emitted after close, or failed to write."""
+        return self._dropped + self._failed
+
+    @property
+    def written(self) -> int:
+        """Records written to files (a file becomes visible when it is closed)."""
+        return self._written
+
+    @property
+    def files(self) -> list[Path]:
+        """The completed (renamed) files, oldest first."""
+        return list(self._files)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write everything queued, close the current file and stop the worker.
+
+        Idempotent; later calls return at once. Records emitted afterwards are
+        dropped and counted.
+
+        Args:
+            timeout: Seconds to wait for the worker; ``None`` waits until it is done.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._closing = True
+        self._wakeup.set()
+        self._thread.join(timeout)
+        atexit.unregister(self.close)
+        if not self._thread.is_alive():
+            # Only reachable when close() raced an emit() from another thread.
+            leftover = len(self._pending)
+            self._pending.clear()
+            self._dropped += leftover
+        if self.dropped:
+            logger.warning(
+                "eventlog.closed_with_drops",
+                writer=type(self).__name__,
+                directory=str(self.directory),
+                dropped=self.dropped,
+                written=self._written,
+            )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({str(self.directory)!r}, written={self._written}, "
+            f"dropped={self.dropped})"
+        )
+
+    # -- format hooks (worker thread) ----------------------------------------------------
+
+    @abstractmethod
+    def _encode(self, events: Sequence[OperationEvent]) -> _Payload:
+        """Turn ``events`` into what :meth:`_write_payload` writes; touches no file."""
+
+    @abstractmethod
+    def _open_file(self, path: Path) -> None:
+        """Start a new file at ``path``."""
+
+    @abstractmethod
+    def _write_payload(self, payload: _Payload) -> None:
+        """Append an encoded batch to the open file."""
+
+    @abstractmethod
+    def _bytes_written(self) -> int:
+        """Size of the open file so far."""
+
+    @abstractmethod
+    def _close_file(self) -> None:
+        """Finish the open file (footer, flush, close); it is renamed afterwards."""
+
+    # -- worker ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        batch: list[OperationEvent] = []
+        batch_started = 0.0
+        pending = self._pending
+        while True:
+            self._wakeup.wait(self._wait_timeout(batch, batch_started))
+            self._wakeup.clear()
+            closing = self._closing
+            while pending:
+                if not batch:
+                    batch_started = time.monotonic()
+                batch.append(pending.popleft())
+                if len(batch) >= self.batch_size:
+                    self._write(batch)
+                    batch = []
+            now = time.monotonic()
+            if batch and (closing or now - batch_started >= self.flush_seconds):
+                self._write(batch)
+                batch = []
+            if self._tmp_path is not None and (
+                closing or now - self._opened_at >= self.roll_seconds
+            ):
+                self._finish_file()
+            self._report_drops(now)
+            if closing and not pending:
+                return
+
+    def _wait_timeout(self, batch: list[OperationEvent], batch_started: float) -> float:
+        # emit() only signals full batches, so the worker also looks every flush_seconds.
+        now = time.monotonic()
+        deadline = now + self.flush_seconds
+        if batch:
+            deadline = min(deadline, batch_started + self.flush_seconds)
+        if self._tmp_path is not None:
+            deadline = min(deadline, self._opened_at + self.roll_seconds)
+        return max(0.0, deadline - now)
+
+    def _write(self, batch: list[OperationEvent]) -> None:
+        payload = self._encode_or_skip(batch)
+        if payload is None:
+            return
+        records, encoded = payload
+        try:
+            if self._tmp_path is None:
+                self._start_file()
+            self._write_payload(encoded)
+        except Exception:
+            self._failed += records
+            logger.exception(
+                "eventlog.write_failed",
+                writer=type(self).__name__,
+                path=str(self._final_path),
+                records=records,
+            )
+            self._abandon_file()
+            return
+        self._written += records
+        if self._bytes_written() >= self.roll_bytes:
+            self._finish_file()
+
+    def _encode_or_skip(self, batch: list[OperationEvent]) -> tuple[int, _Payload] | None:
+        try:
+            return len(batch), self._encode(batch)
+        except Exception:
+            pass
+        good = [event for event in batch if self._encodes(event)]
+        bad = len(batch) - len(good)
+        self._failed += bad
+        logger.error(
+            "eventlog.unencodable_records",
+            writer=type(self).__name__,
+            dropped=bad,
+            example=repr(next(e for e in batch if not self._encodes(e)))[:500],
+        )
+        if not good:
+            return None
+        try:
+            return len(good), self._encode(good)
+        except Exception:
+            self._failed += len(good)
+            logger.exception("eventlog.encode_failed", writer=type(self).__name__)
+            return None
+
+    def _encodes(self, event: OperationEvent) -> bool:
+        try:
+            self._encode([event])
+        except Exception:
+            return False
+        return True
+
+    def _start_file(self) -> None:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        name = f"{self.prefix}-{stamp}-{os.getpid()}-{next(_file_seq):06d}{self.suffix}"
+        self._final_path = self.directory / name
+        self._tmp_path = self.directory / f".{name}.tmp"
+        self._opened_at = time.monotonic()
+        self._open_file(self._tmp_path)
+
+    def _finish_file(self) -> None:
+        tmp, final = self._tmp_path, self._final_path
+        assert tmp is not None and final is not None
+        try:
+            self._close_file()
+            os.replace(tmp, final)
+        except Exception:
+            logger.exception("eventlog.close_failed", writer=type(self).__name__, path=str(final))
+            self._tmp_path = self._final_path = None
+            return
+        self._tmp_path = self._final_path = None
+        self._files.append(final)
+
+    def _abandon_file(self) -> None:
+        """After a failed write: keep what the file already holds if it still closes."""
+        if self._tmp_path is None:
+            return
+        self._finish_file()
+
+    def _report_drops(self, now: float) -> None:
+        dropped = self._dropped
+        if dropped > self._drops_reported and (
+            now - self._drops_reported_at >= DROP_WARNING_INTERVAL or self._closing
+        ):
+            if not self._closing:
+                logger.warning(
+                    "eventlog.records_dropped",
+                    writer=type(self).__name__,
+                    directory=str(self.directory),
+                    dropped_since_last=dropped - self._drops_reported,
+                    dropped_total=dropped,
+                    queue_size=self.queue_size,
+                )
+            self._drops_reported = dropped
+            self._drops_reported_at = now
+
+
+def _check_positive(name: str, value: object, kind: type[int] | type[float]) -> None:
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if wrong_type or (kind is int and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, got {value!r}")
+    assert isinstance(value, (int, float))
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")

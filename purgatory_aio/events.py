@@ -1,0 +1,62 @@
+"""The operation event log: one record per settled operation.
+
+A purgatory given an ``event_sink`` hands every operation it settles to
+``sink.emit(event)`` on the event-loop thread. Sinks must not block: the
+writers in :mod:`purgatory_aio.eventlog` queue records and write on a worker
+thread. With no sink the purgatory builds no record at all.
+
+Example:
+    >>> from purgatory_aio.eventlog import JsonLinesWriter
+    >>> sink = JsonLinesWriter("events/")           # doctest: +SKIP
+    >>> Purgatory("fetch", event_sink=sink)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+Outcome = Literal["completed", "expired", "cancelled", "shutdown"]
+
+OUTCOMES: tuple[Outcome, ...] = ("completed", "expired", "cancelled", "shutdown")
+
+#: Column names of the event log, in order; every writer and reader uses these.
+COLUMNS: tuple[str, ...] = (
+    "purgatory",
+    "op_type",
+    "op_id",
+    "keys",
+    "created_at",
+    "deadline",
+    "settled_at",
+    "outcome",
+    "error",
+)
+
+
+class OperationEvent(NamedTuple):
+    """What happened to one operation.
+
+    Times are float seconds since the Unix epoch (UTC), derived from the
+    purgatory's clock, so a purgatory on a ``ManualClock`` logs virtual time.
+    """
+
+    purgatory: str
+    op_type: str
+    op_id: int
+    keys: list[str]
+    created_at: float
+    deadline: float
+    settled_at: float
+    outcome: Outcome
+    error: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        """The record as a plain dict keyed by :data:`COLUMNS`."""
+        return self._asdict()
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Receives settled-operation records. ``emit`` is called on the loop thread."""
+
+    def emit(self, event: OperationEvent) -> None: ...

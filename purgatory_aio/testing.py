@@ -1,0 +1,168 @@
+"""Deterministic time for tests and virtual-time simulations.
+
+Example:
+    >>> async def test_expires_at_deadline():
+    ...     clock = ManualClock()
+    ...     async with Purgatory("p", clock=clock) as p:
+    ...         op = MyOp(timeout=0.5)
+    ...         await p.try_complete_else_watch(op, ["k"])
+    ...         await clock.advance(0.499)
+    ...         assert not op.is_completed
+    ...         await clock.advance(0.002)
+    ...         assert op.expired
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from ._validation import check_instant, check_seconds
+
+__all__ = ["ManualClock"]
+
+#: 2026-01-01T00:00:00Z: virtual time 0 maps to a fixed, plausible wall-clock instant.
+DEFAULT_EPOCH = 1_767_225_600.0
+
+
+class _Quiescent(Protocol):
+    def _busy_tasks(self) -> Iterable[asyncio.Future[object]]: ...
+
+
+class _ManualHandle:
+    __slots__ = ("callback", "cancelled", "when")
+
+    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+        self.when = when
+        self.callback: Callable[[], object] | None = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.callback = None
+
+
+class ManualClock:
+    """A clock that moves only when :meth:`advance` is awaited.
+
+    Timers and purgatories built on it never read real time. ``advance`` walks
+    through every wake-up due by the target time in order, setting the clock to
+    each one's instant, and after each lets the tasks it woke run and the
+    callbacks they started (async ``on_complete``, thread offloads) finish.
+
+    Args:
+        start: the initial reading, in seconds.
+        epoch: the Unix time that reading 0.0 corresponds to (for event records).
+        stall_timeout: real seconds ``advance`` waits for a callback task that makes
+            no progress (one awaiting something only a later advance will bring)
+            before moving on without it.
+    """
+
+    def __init__(
+        self, start: float = 0.0, *, epoch: float = DEFAULT_EPOCH, stall_timeout: float = 1.0
+    ) -> None:
+        self._now = check_instant(start, "start")
+        self._epoch = check_instant(epoch, "epoch")
+        self._stall_timeout = check_seconds(stall_timeout, "stall_timeout")
+        self._heap: list[tuple[float, int, _ManualHandle]] = []
+        self._seq = itertools.count()
+        self._sleepers: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
+        self._watched: weakref.WeakSet[_Quiescent] = weakref.WeakSet()  # type: ignore[type-var]
+
+    @property
+    def epoch_offset(self) -> float:
+        return self._epoch
+
+    def time(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> _ManualHandle:
+        handle = _ManualHandle(when, callback)
+        heapq.heappush(self._heap, (when, next(self._seq), handle))
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> _ManualHandle:
+        return self.call_at(self._now + check_seconds(delay, "delay"), callback)
+
+    async def sleep(self, delay: float) -> None:
+        """Sleep ``delay`` seconds of virtual time."""
+        delay = check_seconds(delay, "delay")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        handle = self.call_at(self._now + delay, lambda: future.done() or future.set_result(None))
+        task = asyncio.current_task()
+        if task is not None:
+            self._sleepers.add(task)
+        try:
+            await future
+        finally:
+            handle.cancel()
+            if task is not None:
+                self._sleepers.discard(task)
+
+    def next_due(self) -> float | None:
+        """The earliest pending wake-up, or None."""
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    async def advance(self, delta: float) -> None:
+        """Move time forward by ``delta`` seconds, running everything due on the way."""
+        await self.advance_to(self._now + check_seconds(delta, "delta"))
+
+    async def advance_to(self, target: float) -> None:
+        """Move time forward to ``target`` (never backwards)."""
+        target = check_instant(target, "target")
+        if target < self._now:
+            raise ValueError(f"cannot move a ManualClock back from {self._now} to {target}")
+        await self._settle()
+        heap = self._heap
+        while True:
+            due = self.next_due()
+            if due is None or due > target:
+                break
+            _, _, handle = heapq.heappop(heap)
+            self._now = max(self._now, handle.when)
+            callback = handle.callback
+            handle.cancel()
+            if callback is not None:
+                callback()
+            await self._settle()
+        self._now = target
+        await self._settle()
+
+    def _track(self, owner: _Quiescent) -> None:
+        """Let ``advance`` wait for ``owner``'s callback tasks before returning."""
+        self._watched.add(owner)
+
+    async def _settle(self) -> None:
+        """Run the loop until the tasks woken so far are blocked again."""
+        loop = asyncio.get_running_loop()
+        ready = getattr(loop, "_ready", None)  # asyncio's run queue; uvloop has none
+        while True:
+            # Each pass yields once to the loop; stop early once asyncio's queue is empty.
+            for _ in range(20 if ready is None else 1000):
+                await asyncio.sleep(0)
+                if ready is not None and not ready:
+                    break
+            busy = [
+                task
+                for owner in list(self._watched)
+                for task in owner._busy_tasks()
+                if not task.done() and task not in self._sleepers
+            ]
+            if not busy:
+                return
+            done, _ = await asyncio.wait(
+                busy, timeout=self._stall_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                return
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now={self._now})"
