@@ -61,9 +61,7 @@ async def _call(fn: Any, is_async: bool, offload: bool, purgatory: Purgatory | N
     return fn()
 
 
-async def _run_async(
-    op: DelayedOperation[Any], purgatory: Purgatory | None, offload: bool
-) -> None:
+async def _run_async(op: DelayedOperation[Any], purgatory: Purgatory | None, offload: bool) -> None:
     cls = type(op)
     stage = "on_complete"
     try:

@@ -11,6 +11,7 @@ whichever thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 from abc import ABCMeta, abstractmethod
@@ -101,7 +102,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     def on_complete(self) -> R | Awaitable[R]:
         """Build the result. Runs exactly once, satisfied or expired; may be ``async``."""
 
-    def on_expiration(self) -> None | Awaitable[None]:
+    def on_expiration(self) -> Awaitable[None] | None:
         """Runs after :meth:`on_complete`, only when the operation expired."""
         return None
 
@@ -157,7 +158,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             raise asyncio.InvalidStateError("operation is not settled yet")
         if state & CANCELLED:
             raise asyncio.CancelledError("operation was cancelled")
-        return self._outcome if state & FAILED else None  # type: ignore[no-any-return]
+        return self._outcome if state & FAILED else None
 
     # -- transitions -------------------------------------------------------------------------
 
@@ -260,10 +261,9 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         if asyncio._get_running_loop() is loop:
             waiter.set_result(None)
         else:
-            try:
+            # RuntimeError: that loop is closed, so nobody is left to wake.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake, waiter)
-            except RuntimeError:  # that loop is closed: nobody is left to wake
-                pass
 
     def __await__(self) -> Generator[Any, None, R]:
         if not self._state & SETTLED:

@@ -97,9 +97,9 @@ class Purgatory:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
         self._purge_interval = check_positive_int(purge_interval, "purge_interval")
         self._offload_threads = check_positive_int(offload_threads, "offload_threads")
-        if clock is not None and not (callable(getattr(clock, "time", None)) and callable(
-            getattr(clock, "call_at", None)
-        )):
+        if clock is not None and not (
+            callable(getattr(clock, "time", None)) and callable(getattr(clock, "call_at", None))
+        ):
             raise TypeError(f"clock must provide time() and call_at(), got {clock!r}")
         if event_sink is not None and not callable(getattr(event_sink, "emit", None)):
             raise TypeError(f"event_sink must have an emit(event) method, got {event_sink!r}")
@@ -481,9 +481,7 @@ class Purgatory:
 
     def _callback_failed(self, op: DelayedOperation[Any], exc: Exception, stage: str) -> None:
         self._n_errors += 1
-        _log.error(
-            "callback_error", purgatory=self.name, op=repr(op), stage=stage, exc_info=exc
-        )
+        _log.error("callback_error", purgatory=self.name, op=repr(op), stage=stage, exc_info=exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._loop is not None
@@ -506,4 +504,3 @@ def _hashable(value: object) -> bool:
     except TypeError:
         return False
     return True
-

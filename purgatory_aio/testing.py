@@ -71,7 +71,7 @@ class ManualClock:
         self._heap: list[tuple[float, int, _ManualHandle]] = []
         self._seq = itertools.count()
         self._sleepers: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
-        self._watched: weakref.WeakSet[_Quiescent] = weakref.WeakSet()  # type: ignore[type-var]
+        self._watched: weakref.WeakSet[_Quiescent] = weakref.WeakSet()
 
     @property
     def epoch_offset(self) -> float:
@@ -93,7 +93,7 @@ class ManualClock:
         delay = check_seconds(delay, "delay")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        handle = self.call_at(self._now + delay, lambda: future.done() or future.set_result(None))
+        handle = self.call_at(self._now + delay, lambda: _wake(future))
         task = asyncio.current_task()
         if task is not None:
             self._sleepers.add(task)
@@ -166,3 +166,8 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self._now})"
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

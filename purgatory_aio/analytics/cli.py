@@ -1,0 +1,142 @@
+"""``purgatory-report``: the event log report as a command.
+
+Usage::
+
+    purgatory-report EVENTS_DIR --out REPORT_DIR [--master URL] [--top-keys N]
+                     [--conf KEY=VALUE ...]
+
+It also runs under ``spark-submit``, which then chooses the master::
+
+    PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit \\
+        purgatory_aio/analytics/cli.py EVENTS_DIR --out REPORT_DIR
+
+Exit status: 0 on success, 1 on bad input or a failed Spark job (one line on
+stderr says why), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # Run as a file (spark-submit): the modules beside this one must not shadow top-level ones.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _here]
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from purgatory_aio.analytics.errors import SPARK_MISSING, ReportError, describe_spark_error
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+PROG = "purgatory-report"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Report on a purgatory_aio operation event log (Parquet and JSON Lines files) "
+            "with PySpark: outcomes, latency and lateness percentiles, throughput, hot keys "
+            "and a timeout what-if."
+        ),
+    )
+    parser.add_argument("events_dir", metavar="EVENTS_DIR", help="event log directory")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
+    parser.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master (default: local[*], or the one given to spark-submit)",
+    )
+    parser.add_argument(
+        "--top-keys",
+        type=int,
+        default=20,
+        metavar="N",
+        help="hot keys listed per purgatory/op_type (default: 20)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting, e.g. spark.driver.memory=4g (repeatable)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
+    """Run the report command.
+
+    Args:
+        argv: Arguments without the program name; ``None`` reads ``sys.argv``.
+        spark: A session to use instead of starting one; it is left running.
+
+    Returns:
+        The exit status.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    conf: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.print_usage(sys.stderr)
+            return _fail(f"--conf expects KEY=VALUE, got {item!r}", status=2)
+        conf[key.strip()] = value
+    if args.top_keys < 1:
+        return _fail(f"--top-keys must be at least 1, got {args.top_keys}", status=2)
+
+    try:
+        from purgatory_aio.analytics import inputs, report, session
+    except ImportError as exc:
+        message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
+        return _fail(message)
+
+    own_session = spark is None
+    try:
+        if inputs.is_local(args.events_dir):
+            # Bad input is reported before paying for a JVM start.
+            inputs.find_event_files(args.events_dir)
+        if spark is None:
+            spark = session.create_session(args.master, conf)
+        try:
+            result = report.run(args.events_dir, args.out, spark=spark, top_keys=args.top_keys)
+        finally:
+            if own_session:
+                spark.stop()
+    except ReportError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot write the report: {exc}")
+    except KeyboardInterrupt:
+        return _fail("interrupted", status=130)
+    except Exception as exc:
+        if not _is_spark_error(exc):
+            raise
+        return _fail(f"Spark job failed: {describe_spark_error(exc)}")
+    print(f"{PROG}: {result.events:,} events, report in {result.markdown}")
+    return 0
+
+
+def _is_spark_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return module.startswith(("pyspark", "py4j"))
+
+
+def _fail(message: str, *, status: int = 1) -> int:
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

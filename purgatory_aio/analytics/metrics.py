@@ -1,0 +1,155 @@
+"""The figures of the report, as Spark aggregations over the event log.
+
+Percentiles come from Spark's ``percentile_approx`` with accuracy
+:data:`ACCURACY`: the value reported for quantile ``q`` of ``n`` values is one
+of the observed values, and its rank in sorted order is within
+``n / ACCURACY`` of ``q * n`` (relative rank error :data:`RANK_ERROR`). With
+the default 10,000 that is 0.01% of ``n``: exact below 10,000 values, and at
+most 100 positions off among a million.
+"""
+
+from __future__ import annotations
+
+from purgatory_aio.analytics.errors import missing_dependency
+from purgatory_aio.events import OUTCOMES
+
+try:
+    from pyspark.sql import Column, DataFrame, Window
+    from pyspark.sql import functions as F
+except ImportError as exc:
+    raise missing_dependency(exc) from exc
+
+#: ``percentile_approx`` accuracy; ``1 / ACCURACY`` is the relative rank error.
+ACCURACY = 10_000
+RANK_ERROR = 1.0 / ACCURACY
+
+#: Grouping of every per-purgatory figure.
+GROUP = ("purgatory", "op_type")
+
+#: Completion latency percentiles in the summary, with their summary key suffixes.
+HEADLINE_QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+
+#: Quantiles of the latency curve (table ``latency_quantiles`` and its chart).
+CURVE_QUANTILES: tuple[float, ...] = tuple(
+    sorted(
+        {k / 100 for k in range(1, 100)}
+        | {0.995, 0.999, 0.9995, 0.9999}
+        | set(HEADLINE_QUANTILES.values())
+    )
+)
+
+#: Expiration lateness percentiles.
+LATENESS_QUANTILES: dict[str, float] = {"p50": 0.5, "p99": 0.99}
+
+#: Candidate timeouts of the what-if, as fractions of the timeout each operation had.
+WHATIF_FRACTIONS: tuple[float, ...] = tuple(k / 20 for k in range(1, 21))
+
+
+def latency() -> Column:
+    """``settled_at - created_at``: completion latency, for completed operations."""
+    return F.col("settled_at") - F.col("created_at")
+
+
+def lateness() -> Column:
+    """``settled_at - deadline``: how late an expired operation was expired."""
+    return F.col("settled_at") - F.col("deadline")
+
+
+def timeout() -> Column:
+    """``deadline - created_at``: the timeout an operation was given."""
+    return F.col("deadline") - F.col("created_at")
+
+
+def _is(outcome: str) -> Column:
+    return F.col("outcome") == outcome
+
+
+def _outcome_counts() -> list[Column]:
+    return [F.count(F.when(_is(outcome), 1)).alias(outcome) for outcome in OUTCOMES]
+
+
+def group_stats(events: DataFrame) -> DataFrame:
+    """One row per (purgatory, op_type) with every figure a single pass can give.
+
+    Columns: ``count``, one count per outcome, ``latency_curve`` (latencies at
+    :data:`CURVE_QUANTILES`), ``latency_mean``/``_min``/``_max``,
+    ``lateness_q`` (at :data:`LATENESS_QUANTILES`), ``lateness_max``,
+    ``first_settled_at``/``last_settled_at``, ``timeout_min``/``_p50``/``_max``,
+    and ``would_expire``: per fraction ``f`` of :data:`WHATIF_FRACTIONS`, the
+    operations that would have expired with timeout ``f * (deadline -
+    created_at)`` (expired ones, and completed ones slower than that).
+    """
+    completed, expired = _is("completed"), _is("expired")
+    completion = F.when(completed, latency())
+    late = F.when(expired, lateness())
+    would_expire = [
+        F.count(F.when(expired | (completed & (F.lit(f) * timeout() < latency())), 1))
+        for f in WHATIF_FRACTIONS
+    ]
+    return events.groupBy(*GROUP).agg(
+        F.count(F.lit(1)).alias("count"),
+        *_outcome_counts(),
+        F.percentile_approx(completion, list(CURVE_QUANTILES), ACCURACY).alias("latency_curve"),
+        F.mean(completion).alias("latency_mean"),
+        F.min(completion).alias("latency_min"),
+        F.max(completion).alias("latency_max"),
+        F.percentile_approx(late, list(LATENESS_QUANTILES.values()), ACCURACY).alias("lateness_q"),
+        F.max(late).alias("lateness_max"),
+        F.min("settled_at").alias("first_settled_at"),
+        F.max("settled_at").alias("last_settled_at"),
+        F.min(timeout()).alias("timeout_min"),
+        F.percentile_approx(timeout(), 0.5, ACCURACY).alias("timeout_p50"),
+        F.max(timeout()).alias("timeout_max"),
+        F.array(*would_expire).alias("would_expire"),
+    )
+
+
+def per_second(events: DataFrame) -> DataFrame:
+    """Operations settled per (purgatory, op_type) and whole UTC second, by outcome.
+
+    Columns: ``purgatory``, ``op_type``, ``second`` (epoch seconds), ``time``
+    (the same as a timestamp), ``settled`` and one count per outcome. Seconds
+    in which nothing settled have no row.
+    """
+    second = F.floor("settled_at").cast("long")
+    return (
+        events.groupBy(*GROUP, second.alias("second"))
+        .agg(F.count(F.lit(1)).alias("settled"), *_outcome_counts())
+        .withColumn("time", F.timestamp_seconds("second"))
+        .select(*GROUP, "second", "time", "settled", *OUTCOMES)
+    )
+
+
+def key_stats(events: DataFrame) -> DataFrame:
+    """Operations watched per key, per (purgatory, op_type), ranked by that number.
+
+    An operation watching a key twice counts once. Columns: ``purgatory``,
+    ``op_type``, ``key``, ``watched``, one count per outcome, ``expiry_ratio``
+    (expired / watched) and ``rank`` (1 = most watched; ties by key).
+    """
+    by_key = (
+        events.select(*GROUP, "outcome", F.explode(F.array_distinct("keys")).alias("key"))
+        .groupBy(*GROUP, "key")
+        .agg(F.count(F.lit(1)).alias("watched"), *_outcome_counts())
+        .withColumn("expiry_ratio", F.col("expired") / F.col("watched"))
+    )
+    order = Window.partitionBy(*GROUP).orderBy(F.col("watched").desc(), F.col("key"))
+    return by_key.withColumn("rank", F.row_number().over(order))
+
+
+def timeline(per_second_table: DataFrame, start: int, bin_seconds: int) -> DataFrame:
+    """Settled and expired operations per bin of ``bin_seconds``, for charts.
+
+    Args:
+        per_second_table: The output of :func:`per_second`.
+        start: Epoch second of bin 0.
+        bin_seconds: Bin width in seconds.
+
+    Returns:
+        Columns ``purgatory``, ``op_type``, ``bin`` (index from ``start``),
+        ``settled``, ``expired``.
+    """
+    index = F.floor((F.col("second") - F.lit(start)) / F.lit(bin_seconds)).cast("long")
+    return per_second_table.groupBy(*GROUP, index.alias("bin")).agg(
+        F.sum("settled").alias("settled"), F.sum("expired").alias("expired")
+    )

@@ -1,0 +1,283 @@
+"""``report.md``: the report as Markdown, with the charts beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from purgatory_aio.analytics.metrics import ACCURACY, RANK_ERROR
+from purgatory_aio.analytics.model import Report, label, timeouts_vary
+
+#: Fractions of the used timeout shown in the what-if tables of report.md.
+WHATIF_SHOWN = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+NOT_JUDGEABLE = (
+    "**Longer timeouts cannot be judged from this log.** An operation that expired was "
+    "abandoned at its deadline, so whether, and when, it would have completed with more time "
+    "is unknown; only timeouts up to the one used are evaluated."
+)
+
+
+def accuracy_note() -> str:
+    """How precise the percentiles are, in words."""
+    return (
+        f"Percentiles are approximate: Spark `percentile_approx` with accuracy {ACCURACY:,}. "
+        "Each reported percentile is an observed value whose rank among the n values lies "
+        f"within n/{ACCURACY:,} ({RANK_ERROR:.2%} of n) of the exact rank: under one position "
+        f"below {ACCURACY:,} values, at most {1_000_000 // ACCURACY} positions among a million."
+    )
+
+
+def render_markdown(report: Report) -> str:
+    """The whole of ``report.md``."""
+    parts = [
+        _header(report),
+        _summary_section(report),
+        _latency_section(report),
+        _lateness_section(report),
+        _timeline_section(report),
+        _hot_keys_section(report),
+        _whatif_section(report),
+        _tables_section(report),
+    ]
+    return "\n\n".join(part.strip() for part in parts) + "\n"
+
+
+def _header(report: Report) -> str:
+    first = min(row["first_settled_at"] for row in report.summary)
+    last = max(row["last_settled_at"] for row in report.summary)
+    return f"""
+# Purgatory operations report
+
+- Input: `{report.events_dir}`: {report.events:,} operations in {len(report.summary)}
+  purgatory/op_type group(s)
+- Settled between {_utc(first)} and {_utc(last)}
+- Generated {report.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")}
+
+Times below are in milliseconds unless marked; `summary.json` holds the same figures in
+seconds.
+"""
+
+
+def _summary_section(report: Report) -> str:
+    rows = [
+        [
+            f"`{row['purgatory']}`",
+            f"`{row['op_type']}`",
+            _int(row["count"]),
+            _int(row["completed"]),
+            _int(row["expired"]),
+            _int(row["cancelled"]),
+            _int(row["shutdown"]),
+            _pct(row["expiry_ratio"]),
+            f"{row['throughput_per_s']:,.1f}",
+            _int(row["peak_per_s"]),
+        ]
+        for row in report.summary
+    ]
+    table = _table(
+        [
+            "purgatory",
+            "op_type",
+            "ops",
+            "completed",
+            "expired",
+            "cancelled",
+            "shutdown",
+            "expiry ratio",
+            "settled/s (mean)",
+            "settled/s (peak)",
+        ],
+        rows,
+    )
+    return f"""
+## Outcomes and throughput
+
+{table}
+
+Expiry ratio: expired / all settled operations. Mean throughput: operations settled per second
+over the active window, from the first settlement's second to the last one's; peak: the busiest
+second.
+"""
+
+
+def _latency_section(report: Report) -> str:
+    rows = [
+        [
+            f"`{label(row)}`",
+            _int(row["completed"]),
+            *(_ms(row[key]) for key in ("latency_p50", "latency_p90", "latency_p99")),
+            _ms(row["latency_p999"]),
+            _ms(row["latency_mean"]),
+            _ms(row["latency_max"]),
+        ]
+        for row in report.summary
+    ]
+    table = _table(["group", "completed", "p50", "p90", "p99", "p99.9", "mean", "max"], rows)
+    return f"""
+## Completion latency
+
+`settled_at - created_at` of completed operations.
+
+{table}
+
+{accuracy_note()}
+
+![Completion latency distribution](charts/latency.png)
+"""
+
+
+def _lateness_section(report: Report) -> str:
+    rows = [
+        [
+            f"`{label(row)}`",
+            _int(row["expired"]),
+            _ms(row["lateness_p50"]),
+            _ms(row["lateness_p99"]),
+            _ms(row["lateness_max"]),
+        ]
+        for row in report.summary
+    ]
+    table = _table(["group", "expired", "p50", "p99", "max"], rows)
+    return f"""
+## Expiration lateness
+
+`settled_at - deadline` of expired operations: how long after its deadline the purgatory
+expired an operation (percentiles approximate as above).
+
+{table}
+"""
+
+
+def _timeline_section(report: Report) -> str:
+    width = report.timeline_bin_seconds
+    binning = "per second" if width == 1 else f"averaged over {width} s bins"
+    return f"""
+## Over time
+
+Rates {binning}; the per-second counts are in `tables/throughput`.
+
+![Operations settled per second](charts/throughput.png)
+
+![Expirations per second](charts/expirations.png)
+"""
+
+
+def _hot_keys_section(report: Report) -> str:
+    sections = [
+        f"""
+## Hot keys
+
+The {report.top_keys} most watched keys per group (an operation counts once per key it
+watches); the full list is in `tables/hot_keys`.
+"""
+    ]
+    for summary in report.summary:
+        name = label(summary)
+        rows = [
+            [
+                str(row["rank"]),
+                f"`{_escape(row['key'])}`",
+                _int(row["watched"]),
+                _int(row["expired"]),
+                _pct(row["expiry_ratio"]),
+            ]
+            for row in report.hot_keys
+            if label(row) == name
+        ]
+        body = (
+            _table(["rank", "key", "operations", "expired", "expiry ratio"], rows)
+            if rows
+            else "No keys."
+        )
+        sections.append(f"### `{name}`\n\n{body}")
+    return "\n\n".join(section.strip() for section in sections)
+
+
+def _whatif_section(report: Report) -> str:
+    sections = [
+        f"""
+## Timeout what-if
+
+What share of operations would have expired with a shorter timeout? Each candidate is a
+fraction of the timeout an operation was given (`deadline - created_at`), and is shown in
+milliseconds at the group's median timeout. A completed operation slower than the candidate
+would have expired; an expired one would have expired anyway. Shares are over completed and
+expired operations (cancelled and shutdown ones are left out). Counts are exact.
+
+{NOT_JUDGEABLE}
+
+![Timeout what-if](charts/whatif.png)
+"""
+    ]
+    for summary in report.summary:
+        name = label(summary)
+        rows = [
+            [
+                f"{row['timeout_fraction']:.0%}",
+                _ms(row["candidate_timeout_s"]),
+                _int(row["would_expire"]),
+                _pct(row["share"]),
+            ]
+            for row in report.whatif
+            if label(row) == name and _shown(row["timeout_fraction"])
+        ]
+        if not rows:
+            sections.append(f"### `{name}`\n\nNo completed or expired operations.")
+            continue
+        note = ""
+        if timeouts_vary(summary):
+            note = (
+                f"\n\nTimeouts varied from {_ms(summary['timeout_min'])} to "
+                f"{_ms(summary['timeout_max'])} ms; fractions apply to each operation's own."
+            )
+        table = _table(["fraction of timeout", "candidate", "would expire", "share"], rows)
+        judged = next(int(r["judged"]) for r in report.whatif if label(r) == name)
+        sections.append(f"### `{name}` ({_int(judged)} operations judged)\n\n{table}{note}")
+    return "\n\n".join(section.strip() for section in sections)
+
+
+def _tables_section(report: Report) -> str:
+    lines = [f"- `{Path(path).relative_to(report.out_dir)}/`" for path in report.tables.values()]
+    return "## Tables (Parquet)\n\n" + "\n".join(lines)
+
+
+def _shown(fraction: float) -> bool:
+    return any(abs(fraction - shown) < 1e-9 for shown in WHATIF_SHOWN)
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    millis = seconds * 1000.0
+    if abs(millis) >= 100:
+        return f"{millis:,.1f}"
+    if abs(millis) >= 1:
+        return f"{millis:.2f}"
+    return f"{millis:.3f}"
+
+
+def _pct(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2%}"
+
+
+def _int(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("`", "'")
+
+
+def _utc(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")

@@ -1,0 +1,61 @@
+"""Operations and helpers shared by the core tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from purgatory_aio import DelayedOperation
+
+
+class MockOperation(DelayedOperation[str]):
+    """Completes when ``completable`` is set; records its callbacks (like Kafka's mock)."""
+
+    def __init__(self, timeout: float, completable: bool = False) -> None:
+        super().__init__(timeout)
+        self.completable = completable
+        self.completions = 0
+        self.expirations = 0
+        self.tries = 0
+        self.completed_at: float | None = None
+        self.clock: Any = None
+
+    def try_complete(self) -> bool:
+        self.tries += 1
+        if self.completable:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> str:
+        self.completions += 1
+        if self.clock is not None:
+            self.completed_at = self.clock.time()
+        return "expired" if self.expired else "completed"
+
+    def on_expiration(self) -> None:
+        self.expirations += 1
+
+
+class AsyncOperation(MockOperation):
+    """Async callbacks: ``on_complete`` yields to the loop before answering."""
+
+    async def on_complete(self) -> str:  # type: ignore[override]
+        await asyncio.sleep(0)
+        return MockOperation.on_complete(self)
+
+    async def on_expiration(self) -> None:  # type: ignore[override]
+        await asyncio.sleep(0)
+        self.expirations += 1
+
+
+class FailingOperation(MockOperation):
+    def on_complete(self) -> str:
+        self.completions += 1
+        raise RuntimeError("on_complete failed")
+
+
+def settled_once(op: MockOperation) -> bool:
+    """Exactly one exit: on_complete ran once, or never for a cancelled op."""
+    if op.cancelled:
+        return op.completions == 0
+    return op.completions == 1 and op.expirations == (1 if op.expired else 0)
