@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 import structlog
 
+from ._states import EXPIRED
+
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
     from ._purgatory import Purgatory
@@ -27,22 +29,24 @@ _orphan_tasks: set[asyncio.Task[None]] = set()
 def run_callbacks(op: DelayedOperation[Any], purgatory: Purgatory | None) -> None:
     """Run ``on_complete`` (then ``on_expiration`` if expired) and settle ``op``."""
     cls = type(op)
-    offload = cls.offload_callbacks or (purgatory is not None and purgatory._offload)
-    if not (offload or cls._async_complete or (cls._async_expire and op.expired)):
+    expired = op._state & EXPIRED
+    inline = cls._inline_expire if expired else cls._inline_complete
+    if inline and (purgatory is None or not purgatory._offload):
         stage = "on_complete"
         try:
             result = op.on_complete()
-            if op.expired:
+            if expired:
                 stage = "on_expiration"
                 op.on_expiration()
         except Exception as exc:
             _failed(op, purgatory, exc, stage)
-            op._settle(exc, failed=True)
+            op._settle(exc, True)
         else:
-            op._settle(result, failed=False)
-        if purgatory is not None:
+            op._settle(result, False)
+        if purgatory is not None and purgatory._observed:
             purgatory._on_settled(op)
         return
+    offload = cls.offload_callbacks or (purgatory is not None and purgatory._offload)
     coro = _run_async(op, purgatory, offload)
     if purgatory is not None:
         purgatory._spawn(coro)
@@ -72,16 +76,16 @@ async def _run_async(op: DelayedOperation[Any], purgatory: Purgatory | None, off
     except asyncio.CancelledError as exc:
         # The callback task itself was cancelled (loop teardown): settle anyway so no
         # awaiter hangs, then let the cancellation proceed.
-        op._settle(exc, failed=True)
-        if purgatory is not None:
+        op._settle(exc, True)
+        if purgatory is not None and purgatory._observed:
             purgatory._on_settled(op)
         raise
     except Exception as exc:
         _failed(op, purgatory, exc, stage)
-        op._settle(exc, failed=True)
+        op._settle(exc, True)
     else:
-        op._settle(result, failed=False)
-    if purgatory is not None:
+        op._settle(result, False)
+    if purgatory is not None and purgatory._observed:
         purgatory._on_settled(op)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Generator, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from ._callbacks import run_callbacks
+from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SETTLED, SHUTDOWN
 from ._timer import TimerEntry
 from ._validation import INF, check_seconds
 
@@ -32,15 +33,7 @@ R = TypeVar("R")
 # One lock for every state transition: held for a few bytecodes, never across a call
 # into user code, so contention is negligible and no per-operation lock is allocated.
 _TRANSITION = threading.Lock()
-
-# Bits of DelayedOperation._state.
-COMPLETED = 1  # won the transition to completed; on_complete runs (or ran)
-EXPIRED = 2  # ... because the deadline passed (or shutdown expired it)
-CANCELLED = 4  # won the transition to cancelled; no callback runs
-SETTLED = 8  # outcome final, awaiters released
-FAILED = 16  # the outcome is an exception
-SHUTDOWN = 32  # completed by Purgatory.shutdown
-ENDED = COMPLETED | CANCELLED
+_get_ident = threading.get_ident
 
 
 class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
@@ -74,11 +67,17 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     offload_callbacks: ClassVar[bool] = False
     _async_complete: ClassVar[bool] = False
     _async_expire: ClassVar[bool] = False
+    # Whether the callbacks of a satisfied / an expired operation can run inline on the
+    # loop: decided once per class so the completion path reads one attribute.
+    _inline_complete: ClassVar[bool] = True
+    _inline_expire: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._async_complete = inspect.iscoroutinefunction(cls.on_complete)
         cls._async_expire = inspect.iscoroutinefunction(cls.on_expiration)
+        cls._inline_complete = not (cls._async_complete or cls.offload_callbacks)
+        cls._inline_expire = cls._inline_complete and not cls._async_expire
 
     def __init__(self, timeout: float) -> None:
         if not (timeout.__class__ is float and 0.0 <= timeout < INF):
@@ -176,6 +175,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         purgatory = self._purgatory
         if purgatory is None:
             run_callbacks(self, None)
+        elif purgatory._thread_id == _get_ident():
+            purgatory._completed(self, None)
         else:
             purgatory._on_completed(self)
         return True
@@ -241,7 +242,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         if purgatory is not None:
             purgatory._on_completed(self, failure=exc)
         else:
-            self._settle(exc, failed=True)
+            self._settle(exc, True)
         return True
 
     # -- settlement and awaiting -------------------------------------------------------------

@@ -25,9 +25,11 @@ import structlog
 from ._callbacks import run_callbacks
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import PurgatoryClosed
-from ._operation import CANCELLED, ENDED, EXPIRED, FAILED, SHUTDOWN, DelayedOperation
+from ._operation import DelayedOperation
+from ._states import CANCELLED, ENDED, EXPIRED, FAILED, SHUTDOWN
+from ._threshold import ThresholdIndex, ThresholdKeys
 from ._timer import Timer
-from ._validation import check_positive_int
+from ._validation import check_finite, check_positive_int
 from .events import EventSink, OperationEvent
 
 __all__ = ["Purgatory", "PurgatoryStats"]
@@ -110,7 +112,9 @@ class Purgatory:
         self._capacity: anyio.CapacityLimiter | None = None
         self._sink = event_sink
         self._log_ops = log_operations
+        self._observed = event_sink is not None or log_operations
         self._watchers: dict[Hashable, dict[DelayedOperation[Any], bool]] = {}
+        self._thresholds: dict[Hashable, ThresholdIndex] = {}
         self._watched = 0  # entries in all watch lists
         self._live = 0  # entries belonging to operations still pending
         self._dirty: list[DelayedOperation[Any]] = []  # settled, maybe still listed
@@ -189,6 +193,7 @@ class Purgatory:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._timer.close()
         self._watchers.clear()
+        self._thresholds.clear()
         self._dirty.clear()
         self._watched = self._live = 0
         _log.info(
@@ -227,8 +232,9 @@ class Purgatory:
             else:
                 watch_list[op] = True
         op._keys = watch_keys
-        self._watched += len(watch_keys)
-        self._live += len(watch_keys)
+        count = len(watch_keys)
+        self._watched += count
+        self._live += count
         if op._state & ENDED:
             return False
         if op._safe_try_complete():
@@ -250,6 +256,73 @@ class Purgatory:
             op.cancel()
             raise
 
+    async def watch_threshold(
+        self, op: DelayedOperation[Any], key: Hashable, threshold: float
+    ) -> bool:
+        """Like :meth:`try_complete_else_watch` for one key, indexed by ``threshold``.
+
+        For operations waiting for a monotonic per-key value (a high watermark, bytes
+        available) to reach their own threshold: :meth:`advance_key` then visits
+        only the operations the new value can satisfy. ``try_complete`` still decides;
+        one that declines once its threshold is reached moves to the key's plain
+        watch list, so general conditions keep working.
+        """
+        if self._closed:
+            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
+        threshold = check_finite(threshold, "threshold")
+        (key,) = self._check_watch(op, (key,))
+        if self._loop is None:
+            self._start()
+        op._deadline = self._clock.time() + op._timeout
+        op._purgatory = self
+        if op._safe_try_complete():
+            return True
+        if op._state & ENDED:
+            return False
+        index = self._thresholds.get(key)
+        if index is None:
+            index = self._thresholds[key] = ThresholdIndex()
+        index.push(threshold, op)
+        op._keys = ThresholdKeys((key,))
+        self._watched += 1
+        self._live += 1
+        if op._state & ENDED:
+            return False
+        if op._safe_try_complete():
+            return True
+        if not op._state & ENDED:
+            self._timer._add(op, op._deadline)
+        return False
+
+    def advance_key(self, key: Hashable, value: float) -> int:
+        """The value watched under ``key`` reached ``value``: try exactly the operations
+        whose threshold is <= ``value``, lowest first; return how many completed."""
+        try:
+            index = self._thresholds.get(key)
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        if index is None:
+            return 0
+        if self._thread_id != _get_ident():
+            raise RuntimeError("advance_key called off the loop thread")
+        completed = 0
+        for op in index.pop_reached(value):
+            self._watched -= 1
+            if op._state & ENDED:
+                continue
+            if op._safe_try_complete():
+                completed += 1
+            elif not op._state & ENDED:
+                watch_list = self._watchers.get(key)
+                if watch_list is None:
+                    watch_list = self._watchers[key] = {}
+                watch_list[op] = True
+                self._watched += 1
+                op._keys = (key,)
+        if not index.heap and self._thresholds.get(key) is index:
+            del self._thresholds[key]
+        return completed
+
     def check_and_complete(self, key: Hashable) -> int:
         """Try to complete the operations watched under ``key``; return how many did.
 
@@ -260,24 +333,30 @@ class Purgatory:
             watch_list = self._watchers.get(key)
         except TypeError:
             raise TypeError(f"key {key!r} is not hashable") from None
-        if watch_list is None:
+        if watch_list is None and not self._thresholds:
             return 0
         if self._thread_id != _get_ident():
             raise RuntimeError(
                 "check_and_complete called off the loop thread; use check_and_complete_threadsafe"
             )
         completed = 0
-        # A snapshot: callbacks run while walking may watch, complete or cancel on this key.
-        for op in tuple(watch_list):
-            if op._state & ENDED:
-                if watch_list.pop(op, False):
-                    self._watched -= 1
-            elif op._safe_try_complete():
-                completed += 1
-                if watch_list.pop(op, False):
-                    self._watched -= 1
-        if not watch_list and self._watchers.get(key) is watch_list:
-            del self._watchers[key]
+        if watch_list is not None:
+            # A snapshot: callbacks run while walking may watch, complete or cancel on this key.
+            for op in tuple(watch_list):
+                if op._state & ENDED:
+                    if watch_list.pop(op, False):
+                        self._watched -= 1
+                elif op._safe_try_complete():
+                    completed += 1
+                    if watch_list.pop(op, False):
+                        self._watched -= 1
+            if not watch_list and self._watchers.get(key) is watch_list:
+                del self._watchers[key]
+        index = self._thresholds.get(key)
+        if index is not None:
+            for op in index.operations():
+                if not op._state & ENDED and op._safe_try_complete():
+                    completed += 1
         return completed
 
     def check_and_complete_threadsafe(self, key: Hashable) -> concurrent.futures.Future[int]:
@@ -307,10 +386,15 @@ class Purgatory:
             watch_list = self._watchers.pop(key, None)
         except TypeError:
             raise TypeError(f"key {key!r} is not hashable") from None
-        if watch_list is None:
-            return []
-        self._watched -= len(watch_list)
-        return [op for op in watch_list if op.cancel()]
+        index = self._thresholds.pop(key, None)
+        ops: list[DelayedOperation[Any]] = []
+        if watch_list is not None:
+            self._watched -= len(watch_list)
+            ops.extend(watch_list)
+        if index is not None:
+            self._watched -= len(index)
+            ops.extend(index.operations())
+        return [op for op in ops if op.cancel()]
 
     @property
     def num_delayed(self) -> int:
@@ -334,7 +418,7 @@ class Purgatory:
             name=self.name,
             pending=len(self._timer),
             watched=self._watched,
-            keys=len(self._watchers),
+            keys=len(self._watchers.keys() | self._thresholds.keys()),
             completed=self._n_completed,
             expired=self._n_expired,
             cancelled=self._n_cancelled,
@@ -352,25 +436,37 @@ class Purgatory:
 
     # -- validation ----------------------------------------------------------------------------
 
-    def _check_watch(self, op: object, keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
-        if not isinstance(op, DelayedOperation):
-            raise TypeError(f"op must be a DelayedOperation, got {op!r}")
-        if op._purgatory is not None:
-            raise ValueError(f"{op!r} was already handed to purgatory {op._purgatory.name!r}")
-        if op._state & ENDED:
-            raise ValueError(f"{op!r} is already completed or cancelled")
-        if isinstance(keys, str | bytes):
-            raise TypeError(f"keys must be a collection of keys, not the single key {keys!r}")
+    def _check_watch(self, op: Any, keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+        """Validate a watch request; return its keys as a tuple without duplicates.
+
+        The common case (a fresh operation, a tuple or list of distinct hashable
+        keys) costs a couple of attribute reads and one small set.
+        """
         try:
-            unique = tuple(dict.fromkeys(keys))
-        except TypeError:
+            fresh = op._purgatory is None and not op._state & ENDED
+        except AttributeError:
+            raise TypeError(f"op must be a DelayedOperation, got {op!r}") from None
+        if not fresh:
+            assert isinstance(op, DelayedOperation)
+            if op._purgatory is not None:
+                raise ValueError(f"{op!r} was already handed to purgatory {op._purgatory.name!r}")
+            raise ValueError(f"{op!r} is already completed or cancelled")
+        if type(keys) is not tuple:
+            if isinstance(keys, str | bytes):
+                raise TypeError(f"keys must be a collection of keys, not the single key {keys!r}")
             if not isinstance(keys, Iterable):
-                raise TypeError(f"keys must be an iterable of keys, got {keys!r}") from None
+                raise TypeError(f"keys must be an iterable of keys, got {keys!r}")
+            keys = tuple(keys)
+        try:
+            distinct = len(set(keys))
+        except TypeError:
             bad = next(k for k in keys if not _hashable(k))
             raise TypeError(f"watch key {bad!r} is not hashable") from None
-        if not unique:
+        if distinct != len(keys):
+            keys = tuple(dict.fromkeys(keys))
+        elif not distinct:
             raise ValueError("keys must not be empty: an operation has to be watched under a key")
-        return unique
+        return keys
 
     # -- called by operations ------------------------------------------------------------------
 
@@ -389,7 +485,7 @@ class Purgatory:
         if failure is None:
             run_callbacks(op, self)
         else:
-            op._settle(failure, failed=True)
+            op._settle(failure, True)
             self._on_settled(op)
 
     def _on_expired(self, op: DelayedOperation[Any]) -> None:
@@ -427,9 +523,19 @@ class Purgatory:
         watchers = self._watchers
         removed = 0
         dirty, self._dirty = self._dirty, []
+        thresholds = self._thresholds
         for op in dirty:
             keys = op._keys
             assert keys is not None
+            if type(keys) is ThresholdKeys:
+                index = thresholds.get(keys[0])
+                if index is not None:
+                    index.stale += 1
+                    if index.stale * 2 > len(index.heap):
+                        removed += index.compact(_is_settled)
+                        if not index.heap:
+                            del thresholds[keys[0]]
+                continue
             for key in keys:
                 watch_list = watchers.get(key)
                 if watch_list is not None and watch_list.pop(op, False):
@@ -496,6 +602,10 @@ class Purgatory:
         if self._capacity is None:
             self._capacity = anyio.CapacityLimiter(self._offload_threads)
         return self._capacity
+
+
+def _is_settled(op: DelayedOperation[Any]) -> bool:
+    return bool(op._state & ENDED)
 
 
 def _hashable(value: object) -> bool:

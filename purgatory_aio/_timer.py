@@ -244,21 +244,12 @@ class Timer:
 
     def _add(self, entry: TimerEntry, deadline: float) -> None:
         """Place ``entry`` due at ``deadline``; the caller has validated it."""
-        if self._reaper is None:
-            self._start()
-        if self._count == 0 and self._heap:
-            self._reset_queue()
-        entry._deadline = deadline
-        wheel = self._level0
-        if self._count == 0:
-            # Idle until now: nothing can be due before the present, so the wheel may
-            # jump to it instead of cascading new entries down from stale levels.
-            now_tick = int(self._clock.time() // self._tick)
-            if now_tick > wheel.current:
-                for level in self._levels:
-                    level.advance(now_tick)
+        if not self._count:
+            self._leave_idle()
         self._count += 1
+        entry._deadline = deadline
         tick_index = int(deadline // self._tick) + 1
+        wheel = self._level0
         current = wheel.current
         if tick_index < current + wheel.size:
             # Level 0, inlined: the common case for short timeouts.
@@ -271,6 +262,22 @@ class Timer:
                 self._queue(bucket, tick_index)
         else:
             self._place_high(entry, tick_index)
+
+    def _leave_idle(self) -> None:
+        """The first entry after an idle spell (or ever): start and catch up.
+
+        With nothing pending, every queued bucket is empty and nothing can be due
+        before the present, so the queue is forgotten and the wheel jumps to now
+        instead of cascading new entries down from stale levels.
+        """
+        if self._reaper is None:
+            self._start()
+        if self._heap:
+            self._reset_queue()
+        now_tick = int(self._clock.time() // self._tick)
+        if now_tick > self._level0.current:
+            for level in self._levels:
+                level.advance(now_tick)
 
     def _place(self, entry: TimerEntry, not_before: int) -> None:
         """(Re-)place an entry already counted, at tick ``not_before`` at the earliest."""
@@ -316,8 +323,7 @@ class Timer:
 
     def _remove(self, entry: TimerEntry) -> None:
         """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
-        bucket = entry._bucket
-        assert bucket is not None
+        bucket: Bucket = entry._bucket  # type: ignore[assignment]
         del bucket.entries[entry]
         entry._bucket = None
         self._count -= 1

@@ -31,6 +31,15 @@ def check_instant(value: object, what: str) -> float:
     return float(value)
 
 
+def check_finite(value: object, what: str) -> float:
+    """Any finite real number (bool and str rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    if not -INF < value < INF:
+        raise ValueError(f"{what} must be finite, got {value!r}")
+    return value
+
+
 def check_positive_seconds(value: object, what: str) -> float:
     seconds = check_seconds(value, what)
     if seconds <= 0.0:
