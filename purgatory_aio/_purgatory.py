@@ -39,6 +39,7 @@ _log = structlog.get_logger("purgatory_aio.purgatory")
 R = TypeVar("R")
 
 _get_ident = threading.get_ident
+_running_loop = asyncio._get_running_loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,20 +138,26 @@ class Purgatory:
     async def __aenter__(self) -> Purgatory:
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
-        if self._loop is None:
-            self._start()
+        self._start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
 
     def _start(self) -> None:
+        """Bind to the running loop on first use; refuse any other loop afterwards."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise RuntimeError(
                 f"purgatory {self.name!r} must be used from a running event loop"
             ) from None
+        if self._loop is not None:
+            if self._loop is not loop:
+                raise RuntimeError(
+                    f"purgatory {self.name!r} belongs to another event loop (or thread)"
+                )
+            return
         self._loop = loop
         self._thread_id = _get_ident()
         track = getattr(self._clock, "_track", None)
@@ -215,7 +222,7 @@ class Purgatory:
         """
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
-        if self._loop is None:
+        if _running_loop() is not self._loop:
             self._start()
         watch_keys = self._check_watch(op, keys)
         op._deadline = self._clock.time() + op._timeout
@@ -271,7 +278,7 @@ class Purgatory:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
         threshold = check_finite(threshold, "threshold")
         (key,) = self._check_watch(op, (key,))
-        if self._loop is None:
+        if _running_loop() is not self._loop:
             self._start()
         op._deadline = self._clock.time() + op._timeout
         op._purgatory = self
@@ -445,6 +452,10 @@ class Purgatory:
         try:
             fresh = op._purgatory is None and not op._state & ENDED
         except AttributeError:
+            if isinstance(op, DelayedOperation):
+                raise TypeError(
+                    f"{type(op).__name__}.__init__ must call super().__init__(timeout)"
+                ) from None
             raise TypeError(f"op must be a DelayedOperation, got {op!r}") from None
         if not fresh:
             assert isinstance(op, DelayedOperation)

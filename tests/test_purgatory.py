@@ -575,3 +575,24 @@ async def test_check_and_complete_with_an_unhashable_key_names_it(clock: ManualC
     async with Purgatory("mock", clock=clock) as p:
         with pytest.raises(TypeError, match=r"key \[1\] is not hashable"):
             p.check_and_complete([1])  # type: ignore[arg-type]
+
+
+async def test_a_subclass_that_skips_super_init_gets_a_clear_error(clock: ManualClock) -> None:
+    class Forgetful(MockOperation):
+        def __init__(self) -> None:
+            pass
+
+    async with Purgatory("mock", clock=clock) as p:
+        with pytest.raises(TypeError, match=r"Forgetful.__init__ must call super\(\).__init__"):
+            await p.try_complete_else_watch(Forgetful(), ["k"])
+
+
+def test_a_purgatory_refuses_a_second_event_loop() -> None:
+    p = Purgatory("mock")
+
+    async def watch() -> None:
+        await p.try_complete_else_watch(MockOperation(10), ["k"])
+
+    asyncio.run(watch())
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(watch())
