@@ -221,7 +221,9 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             return False
         self._busy = True
         try:
-            return bool(self.try_complete()) and bool(self._state & COMPLETED)
+            if self.try_complete():
+                return self._state & COMPLETED != 0
+            return False
         except Exception as exc:
             return self._fail_from_try_complete(exc)
         finally:
