@@ -7,6 +7,7 @@ Production code runs on :class:`LoopClock`; tests swap in
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -62,13 +63,25 @@ class LoopClock:
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
         loop = asyncio.get_running_loop()
-        return loop.call_later(max(0.0, when - time.monotonic()), callback)
+        # Measured against the loop's own clock: uvloop's is the start of the current
+        # iteration, truncated to the millisecond, and it rounds delays to whole
+        # milliseconds; rounding up there keeps wake-ups from landing early and
+        # spinning through re-arms until the deadline.
+        delay = when - loop.time()
+        if _coarse_timers(loop):
+            delay = math.ceil(delay * 1000.0) / 1000.0
+        return loop.call_later(max(0.0, delay), callback)
 
     async def sleep(self, delay: float) -> None:
         await asyncio.sleep(delay)
 
     def __repr__(self) -> str:
         return "LoopClock()"
+
+
+def _coarse_timers(loop: asyncio.AbstractEventLoop) -> bool:
+    """True for loops whose timers have millisecond resolution (uvloop)."""
+    return type(loop).__module__.partition(".")[0] == "uvloop"
 
 
 #: Shared by every timer and purgatory built without an explicit clock.

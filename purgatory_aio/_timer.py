@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+from itertools import islice
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
@@ -40,6 +41,8 @@ __all__ = ["Timer", "TimerEntry", "TimerHandle"]
 _log = structlog.get_logger("purgatory_aio.timer")
 
 _INF = math.inf
+#: Entries a cascade re-places per loop iteration at most (see Timer._cascade_urgent).
+CASCADE_CHUNK = 1024
 _by_deadline = attrgetter("_deadline")
 _heappush = heapq.heappush
 _heappop = heapq.heappop
@@ -148,6 +151,7 @@ class Timer:
         "__weakref__",
         "_armed",
         "_armed_when",
+        "_carries",
         "_clock",
         "_count",
         "_heap",
@@ -172,6 +176,7 @@ class Timer:
         self._level0 = Wheel(0, 1, size, start)
         self._levels = [self._level0]
         self._heap: list[tuple[int, int, int, Bucket]] = []
+        self._carries: set[Bucket] = set()  # cascades still being placed
         self._count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -335,12 +340,13 @@ class Timer:
     def _drain(self) -> list[TimerEntry]:
         """Remove and return every pending entry, in deadline order."""
         entries: list[TimerEntry] = []
-        for wheel in self._levels:
-            for bucket in wheel.buckets:
-                if bucket.entries:
-                    entries.extend(bucket.entries)
-                    bucket.entries = {}
-                bucket.expiration = -1
+        buckets = [bucket for wheel in self._levels for bucket in wheel.buckets]
+        for bucket in [*buckets, *self._carries]:
+            if bucket.entries:
+                entries.extend(bucket.entries)
+                bucket.entries = {}
+            bucket.expiration = -1
+        self._carries.clear()
         for entry in entries:
             entry._bucket = None
         entries.sort(key=_by_deadline)
@@ -418,6 +424,7 @@ class Timer:
         for _, _, _, bucket in self._heap:
             bucket.expiration = -1
         self._heap.clear()
+        self._carries.clear()
         self._disarm()
 
     def _advance(self, now: float) -> None:
@@ -425,6 +432,7 @@ class Timer:
         heap = self._heap
         tick = self._tick
         levels = self._levels
+        carried: list[Bucket] = []
         self._reaping = True
         try:
             while heap and heap[0][0] * tick <= now:
@@ -432,15 +440,24 @@ class Timer:
                 if bucket.expiration != expiration:
                     continue  # queued for a rotation that was reset meanwhile
                 bucket.expiration = -1
+                if bucket.level < 0:
+                    self._feed_carry(bucket)
+                    if bucket.entries:
+                        carried.append(bucket)
+                    continue
                 for wheel in levels:
                     wheel.advance(expiration)
                 entries = bucket.entries
                 if not entries:
                     continue
+                if bucket.level and len(entries) > CASCADE_CHUNK:
+                    carry = self._cascade_urgent(bucket, now, expiration)
+                    if carry is not None:
+                        carried.append(carry)
+                    continue
                 bucket.entries = {}
                 if bucket.level:
                     for entry in entries:
-                        entry._bucket = None
                         self._place(entry, expiration)
                     continue
                 # Detach the batch first: a callback may cancel or re-add any entry of it.
@@ -465,5 +482,44 @@ class Timer:
             if not heap or heap[0][0] > now_tick:
                 for wheel in levels:
                     wheel.advance(now_tick)
+            # Unfinished cascades continue on the next loop iteration, after whatever
+            # else the loop has to run.
+            for carry in carried:
+                self._queue(carry, now_tick)
         finally:
             self._reaping = False
+
+    def _cascade_urgent(self, bucket: Bucket, now: float, expiration: int) -> Bucket | None:
+        """Cascade a large bucket: place at once only the entries due soon.
+
+        A high-level bucket can hold a large share of everything pending (one
+        level-2 slot spans 400 ms at the default shape). Re-placing all of it in one
+        go would stall the loop and make every timer due meanwhile late. Instead the
+        bucket itself leaves its slot (a fresh one takes its place, so no entry is
+        touched to move it) and becomes a carry: the entries due soon are placed now,
+        the rest a chunk per loop iteration, well before any of them is due.
+        """
+        wheel = self._levels[bucket.level]
+        wheel.buckets[(expiration // wheel.tick) % wheel.size] = Bucket(bucket.level)
+        bucket.level = -1
+        entries = bucket.entries
+        # Enough lead for the chunks to finish first, at a chunk per millisecond or so.
+        lead = max(2 * self._levels[wheel.level - 1].tick * self._tick, len(entries) / 500_000)
+        horizon = now + lead
+        for entry in [entry for entry in entries if entry._deadline < horizon]:
+            del entries[entry]
+            self._place(entry, expiration)
+        if not entries:
+            return None
+        self._carries.add(bucket)
+        return bucket
+
+    def _feed_carry(self, carry: Bucket) -> None:
+        """Place the next chunk of a carried cascade."""
+        entries = carry.entries
+        floor = self._level0.current
+        for entry in list(islice(entries, CASCADE_CHUNK)):
+            del entries[entry]
+            self._place(entry, floor)
+        if not entries:
+            self._carries.discard(carry)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import pytest
 import structlog
@@ -49,13 +48,3 @@ def pytest_asyncio_loop_factories(
     if item.get_closest_marker("one_loop") is not None:
         return {"asyncio": asyncio.new_event_loop}
     return LOOPS
-
-
-class Recorder:
-    """Collects calls in order, for asserting what ran when."""
-
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-
-    def __call__(self, *args: Any) -> None:
-        self.calls.append(args[0] if len(args) == 1 else args)

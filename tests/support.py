@@ -59,3 +59,13 @@ def settled_once(op: MockOperation) -> bool:
     if op.cancelled:
         return op.completions == 0
     return op.completions == 1 and op.expirations == (1 if op.expired else 0)
+
+
+class Recorder:
+    """Collects calls in order, for asserting what ran when."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def __call__(self, *args: Any) -> None:
+        self.calls.append(args[0] if len(args) == 1 else args)

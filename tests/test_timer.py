@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from conftest import Recorder
+from support import Recorder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

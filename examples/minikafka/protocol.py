@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from .errors import ErrorCode
 from .records import Record, TopicPartition
+from .validation import check_int, check_seconds
 
 #: ``replica_id`` of a fetch sent by a consumer rather than by a follower broker.
-CONSUMER_REPLICA_ID = -1
+CONSUMER_REPLICA_ID: Final = -1
 
 #: ``acks`` value meaning "every in-sync replica" (``acks=all``).
-ACKS_ALL = -1
+ACKS_ALL: Final = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,9 @@ class ProduceRequest:
     acks: int = ACKS_ALL
     timeout: float = 30.0
     client_id: str = ""
+
+    def __post_init__(self) -> None:
+        check_seconds("timeout", self.timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,11 @@ class FetchRequest:
     partition_max_bytes: int = 1024 * 1024
     replica_id: int = CONSUMER_REPLICA_ID
 
+    def __post_init__(self) -> None:
+        check_seconds("max_wait", self.max_wait)
+        for name in ("min_bytes", "max_bytes", "partition_max_bytes"):
+            check_int(name, getattr(self, name), 0)
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionFetchResult:
@@ -108,6 +118,17 @@ class TopicSpec:
 
     partitions: int
     replication_factor: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicsRequest:
+    """Topics to create; with ``timeout > 0`` the response waits until all have leaders."""
+
+    topics: Mapping[str, TopicSpec]
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_seconds("timeout", self.timeout)
 
 
 @dataclass(frozen=True, slots=True)

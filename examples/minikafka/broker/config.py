@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from ..validation import check_int, check_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +41,8 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         for name in ("brokers", "min_insync_replicas", "replica_fetch_max_bytes", "wheel_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if self.replica_fetch_min_bytes < 0:
-            raise ValueError(
-                f"replica_fetch_min_bytes must be >= 0, got {self.replica_fetch_min_bytes!r}"
-            )
+            check_int(name, getattr(self, name), 1)
+        check_int("replica_fetch_min_bytes", self.replica_fetch_min_bytes, 0)
         for name in (
             "replica_lag_time_max",
             "replica_fetch_wait_max",
@@ -54,18 +50,12 @@ class BrokerConfig:
             "group_min_session_timeout",
             "group_max_session_timeout",
         ):
-            _check_seconds(name, getattr(self, name))
-        if self.tick <= 0 or not math.isfinite(self.tick):
+            check_seconds(name, getattr(self, name))
+        check_seconds("tick", self.tick)
+        if self.tick <= 0:
             raise ValueError(f"tick must be a positive number of seconds, got {self.tick!r}")
         if self.group_min_session_timeout > self.group_max_session_timeout:
             raise ValueError(
                 "group_min_session_timeout must not exceed group_max_session_timeout, got "
                 f"{self.group_min_session_timeout!r} > {self.group_max_session_timeout!r}"
             )
-
-
-def _check_seconds(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not 0.0 <= value < math.inf:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
