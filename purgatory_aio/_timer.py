@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-from itertools import islice
 from collections.abc import Callable
+from itertools import islice
 from operator import attrgetter
 from typing import Any
 

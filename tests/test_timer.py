@@ -8,9 +8,9 @@ import math
 import random
 
 import pytest
-from support import Recorder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import Recorder
 
 from purgatory_aio import Timer
 from purgatory_aio.testing import ManualClock
