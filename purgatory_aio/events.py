@@ -38,6 +38,10 @@ class OperationEvent(NamedTuple):
 
     Times are float seconds since the Unix epoch (UTC), derived from the
     purgatory's clock, so a purgatory on a ``ManualClock`` logs virtual time.
+    ``created_at`` is when the operation was handed to the purgatory and
+    ``deadline`` that instant plus its timeout. ``keys`` are the keys it was
+    watched under, as strings; empty when it completed at its first try, before
+    being watched.
     """
 
     purgatory: str
