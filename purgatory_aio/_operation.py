@@ -34,6 +34,7 @@ R = TypeVar("R")
 # into user code, so contention is negligible and no per-operation lock is allocated.
 _TRANSITION = threading.Lock()
 _get_ident = threading.get_ident
+_running_loop = asyncio._get_running_loop
 
 
 class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
@@ -88,7 +89,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._bucket = None
         self._purgatory: Purgatory | None = None
         self._keys: tuple[Hashable, ...] | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
         self._outcome: Any = None
 
     # -- to implement ------------------------------------------------------------------------
@@ -258,26 +259,31 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     def _release(self) -> None:
         waiter = self._waiter
-        if waiter is None or waiter.done():
+        if waiter is None:
             return
-        loop = waiter.get_loop()
-        if asyncio._get_running_loop() is loop:
-            waiter.set_result(None)
+        if isinstance(waiter, list):
+            for future in waiter:
+                _release_one(future)
         else:
-            # RuntimeError: that loop is closed, so nobody is left to wake.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_wake, waiter)
+            _release_one(waiter)
 
     def __await__(self) -> Generator[Any, None, R]:
         if not self._state & SETTLED:
+            # One future per awaiting task: a task that is cancelled cancels only its own,
+            # and the common single awaiter costs one future, no shield around a shared one.
+            future = asyncio.get_running_loop().create_future()
             waiter = self._waiter
             if waiter is None:
-                self._waiter = waiter = asyncio.get_running_loop().create_future()
-                # Settlement may have happened on another thread between the check
-                # above and publishing the waiter; it then found no waiter to wake.
-                if self._state & SETTLED:
-                    waiter.set_result(None)
-            yield from asyncio.shield(waiter).__await__()
+                self._waiter = future
+            elif isinstance(waiter, list):
+                waiter.append(future)
+            else:
+                self._waiter = [waiter, future]
+            # Settlement may have happened on another thread between the check above
+            # and publishing the future; it then found nothing to wake.
+            if self._state & SETTLED:
+                future.set_result(None)
+            yield from future
         return self.result()
 
     def __repr__(self) -> str:
@@ -293,6 +299,18 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         else:
             status = "pending"
         return f"<{type(self).__name__} {status} timeout={self._timeout}>"
+
+
+def _release_one(future: asyncio.Future[None]) -> None:
+    if future.done():
+        return
+    loop = future.get_loop()
+    if _running_loop() is loop:
+        future.set_result(None)
+    else:
+        # RuntimeError: that loop is closed, so nobody is left to wake.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_wake, future)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

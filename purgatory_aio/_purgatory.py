@@ -220,6 +220,9 @@ class Purgatory:
 
         Returns True if ``op`` was completed during this call.
         """
+        return self._watch(op, keys)
+
+    def _watch(self, op: DelayedOperation[Any], keys: Iterable[Hashable]) -> bool:
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
         if _running_loop() is not self._loop:
@@ -256,7 +259,7 @@ class Purgatory:
         If the awaiting task is cancelled (the client went away), ``op`` is
         cancelled too, so nothing stays pending for a caller who is gone.
         """
-        await self.try_complete_else_watch(op, keys)
+        self._watch(op, keys)
         try:
             return await op
         except asyncio.CancelledError:
@@ -469,7 +472,11 @@ class Purgatory:
                 raise TypeError(f"keys must be an iterable of keys, got {keys!r}")
             keys = tuple(keys)
         try:
-            distinct = len(set(keys))
+            if len(keys) == 1:
+                hash(keys[0])
+                distinct = 1
+            else:
+                distinct = len(set(keys))
         except TypeError:
             bad = next(k for k in keys if not _hashable(k))
             raise TypeError(f"watch key {bad!r} is not hashable") from None

@@ -596,3 +596,10 @@ def test_a_purgatory_refuses_a_second_event_loop() -> None:
     asyncio.run(watch())
     with pytest.raises(RuntimeError, match="another event loop"):
         asyncio.run(watch())
+
+
+async def test_a_key_hashing_to_zero_is_a_valid_single_key(clock: ManualClock) -> None:
+    async with Purgatory("mock", clock=clock) as p:
+        op = MockOperation(1)
+        assert await p.try_complete_else_watch(op, [0]) is False
+        assert p.watched == 1

@@ -1,0 +1,259 @@
+"""Serving purgatories from web applications: what the aiohttp and FastAPI integrations share.
+
+Framework-neutral pieces, importable without any extra:
+
+* :class:`Purgatories`, the named purgatories of one application, started and
+  shut down with it;
+* :func:`watch_until_disconnected` and :func:`cancel_on_disconnect`, which
+  withdraw a waiting operation the moment its client goes away, given a way to
+  hear about the disconnection (an :data:`OnDisconnect`).
+
+The framework modules, :mod:`purgatory_aio.integrations.fastapi` and
+:mod:`purgatory_aio.integrations.aiohttp`, adapt these to their seams
+(lifespan and ``Depends``; ``cleanup_ctx`` and ``AppKey``) and supply the
+disconnection signal of their server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from .._operation import DelayedOperation
+from .._purgatory import Purgatory, PurgatoryStats
+
+__all__ = [
+    "ClientDisconnected",
+    "OnDisconnect",
+    "OperationCancelled",
+    "Purgatories",
+    "already_disconnected",
+    "cancel_on_disconnect",
+    "make_request_id",
+    "never_disconnected",
+    "watch_until_disconnected",
+]
+
+R = TypeVar("R")
+
+_GONE = "the client disconnected before the answer was ready"
+
+#: Registers ``callback`` to run once if the client disconnects; returns the function
+#: that unregisters it. Each framework module builds one per request.
+OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready; its operation was withdrawn.
+
+    The framework modules raise subclasses that are also the framework's HTTP
+    exception (status 499, *client closed request*), so an unhandled one ends
+    the request quietly: the server has nobody left to send the response to.
+    """
+
+
+class OperationCancelled(Exception):
+    """The operation was cancelled by the application (``op.cancel()``,
+    ``Purgatory.cancel_for_key``) while its client was still waiting.
+
+    The framework modules raise subclasses that answer 503.
+    """
+
+
+class Purgatories:
+    """The purgatories of one application, by name, started and shut down together.
+
+    Iterating yields the purgatories (so a metrics collector given this object
+    sees purgatories added later); ``registry["fetch"]`` looks one up by name.
+
+    Example::
+
+        registry = Purgatories([Purgatory("fetch"), Purgatory("produce")])
+        async with registry:
+            await registry["fetch"].try_complete_else_watch(op, [key])
+    """
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self, purgatories: Iterable[Purgatory] = ()) -> None:
+        self._by_name: dict[str, Purgatory] = {}
+        for purgatory in purgatories:
+            self.add(purgatory)
+
+    def add(self, purgatory: Purgatory) -> Purgatory:
+        """Register ``purgatory`` under its name; names are unique within an application."""
+        if not isinstance(purgatory, Purgatory):
+            raise TypeError(f"expected a Purgatory, got {purgatory!r}")
+        existing = self._by_name.get(purgatory.name)
+        if existing is not None and existing is not purgatory:
+            raise ValueError(f"another purgatory is already registered as {purgatory.name!r}")
+        self._by_name[purgatory.name] = purgatory
+        return purgatory
+
+    def __getitem__(self, name: str) -> Purgatory:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(map(repr, self._by_name)) or "none"
+            raise KeyError(f"no purgatory named {name!r} (registered: {known})") from None
+
+    def only(self) -> Purgatory:
+        """The purgatory of an application that has exactly one."""
+        if len(self._by_name) != 1:
+            raise LookupError(
+                f"expected exactly one purgatory, {len(self._by_name)} are registered: "
+                "name the one you want"
+            )
+        return next(iter(self._by_name.values()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Purgatory]:
+        return iter(tuple(self._by_name.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._by_name)
+
+    def stats(self) -> list[PurgatoryStats]:
+        return [purgatory.stats() for purgatory in self]
+
+    async def start(self) -> None:
+        """Start every purgatory on the running loop (each starts its reaper)."""
+        for purgatory in self:
+            await purgatory.__aenter__()
+
+    async def shutdown(self) -> None:
+        """Shut every purgatory down; each pending operation is expired now, so every
+        waiting client gets its answer. Idempotent."""
+        await asyncio.gather(*(purgatory.shutdown() for purgatory in self))
+
+    async def __aenter__(self) -> Purgatories:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"Purgatories({list(self._by_name)!r})"
+
+
+async def watch_until_disconnected(
+    purgatory: Purgatory,
+    op: DelayedOperation[R],
+    keys: Iterable[Hashable],
+    on_disconnect: OnDisconnect,
+) -> R:
+    """Watch ``op`` and return its result, withdrawing it if the client disconnects.
+
+    An operation that completes at once never touches ``on_disconnect``. Otherwise
+    a disconnection cancels ``op`` (its ``on_complete`` never runs) and this raises
+    :class:`ClientDisconnected`; cancelling the awaiting task cancels ``op`` too.
+
+    Raises:
+        ClientDisconnected: the client went away first.
+        OperationCancelled: the application cancelled ``op``.
+        PurgatoryClosed: the purgatory is shut down.
+    """
+    await purgatory.try_complete_else_watch(op, keys)
+    if op.done():
+        return op.result()
+    withdrawal = _Withdrawal(op)
+    unsubscribe = on_disconnect(withdrawal)
+    try:
+        return await op
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # The handler itself is being cancelled (aiohttp's handler_cancellation,
+            # a server's graceful-shutdown timeout): nobody is left to wait for op.
+            op.cancel()
+            raise
+        if withdrawal.withdrawn:
+            raise ClientDisconnected(_GONE) from None
+        raise OperationCancelled(f"{op!r} was cancelled while its client waited") from None
+    finally:
+        unsubscribe()
+
+
+class _Withdrawal:
+    """The disconnection callback of one wait: cancels the operation, remembers if it did.
+
+    A slotted object rather than a closure: one allocation per waiting request
+    instead of a function and a cell, which matters with many requests parked."""
+
+    __slots__ = ("op", "withdrawn")
+
+    def __init__(self, op: DelayedOperation[Any]) -> None:
+        self.op = op
+        self.withdrawn = False
+
+    def __call__(self) -> None:
+        self.withdrawn = self.op.cancel()
+
+
+@asynccontextmanager
+async def cancel_on_disconnect(on_disconnect: OnDisconnect) -> AsyncIterator[None]:
+    """Cancel the enclosed block if the client disconnects, then raise :class:`ClientDisconnected`.
+
+    For awaits that are not a single operation, such as a broker call that
+    watches its operation with :meth:`Purgatory.watch_and_wait` (which cancels
+    the operation when its task is cancelled). Works like :func:`asyncio.timeout`:
+    the task is cancelled and the cancellation is turned into the exception at
+    the end of the block.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("cancel_on_disconnect must be used inside a task")
+    fired = False
+
+    def cancel() -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            task.cancel()
+
+    unsubscribe = on_disconnect(cancel)
+    try:
+        yield
+    except asyncio.CancelledError:
+        # uncancel() tells our own cancellation from one requested by someone else.
+        if fired and task.uncancel() == 0:
+            raise ClientDisconnected(_GONE) from None
+        raise
+    finally:
+        unsubscribe()
+
+
+_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:")
+
+
+def make_request_id(supplied: str | None) -> str:
+    """The id to log a request under: the client's own (an ``X-Request-ID`` header)
+    when it is short and plain enough to put in logs and headers, else a fresh one."""
+    if supplied and len(supplied) <= 128 and _REQUEST_ID_CHARS.issuperset(supplied):
+        return supplied
+    return uuid.uuid4().hex
+
+
+def _nothing() -> None:
+    return None
+
+
+def already_disconnected(callback: Callable[[], None]) -> Callable[[], None]:
+    """The :data:`OnDisconnect` of a client known to be gone: runs ``callback`` at once."""
+    callback()
+    return _nothing
+
+
+def never_disconnected(callback: Callable[[], None]) -> Callable[[], None]:
+    """The :data:`OnDisconnect` of a transport that cannot report disconnection."""
+    return _nothing

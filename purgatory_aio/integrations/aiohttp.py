@@ -1,0 +1,330 @@
+"""aiohttp web applications.
+
+Needs the ``aiohttp`` extra (``pip install 'purgatory-aio[aiohttp]'``).
+
+Example::
+
+    app = web.Application()
+    setup_purgatories(app, Purgatory("fetch"))
+    FETCH = purgatory_key("fetch")
+
+    async def poll(request: web.Request) -> web.Response:
+        op = WaitForData(request.match_info["key"], 30.0)
+        result = await watch_and_wait(request, request.app[FETCH], op, [op.key])
+        return web.json_response(result)
+
+By default aiohttp does not cancel a handler whose client disconnected (unless
+the server runs with ``handler_cancellation=True``). :func:`watch_and_wait`
+learns about the disconnection from the connection itself, so a client that
+goes away leaves nothing pending either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Final, TypeVar
+
+try:
+    import structlog
+    from aiohttp import web
+    from aiohttp.typedefs import Handler
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "purgatory_aio.integrations.aiohttp needs aiohttp: install purgatory-aio[aiohttp]"
+    ) from exc
+
+from .. import integrations as _common
+from .._errors import PurgatoryClosed
+from .._operation import DelayedOperation
+from .._purgatory import Purgatory
+from . import OnDisconnect, Purgatories, already_disconnected, make_request_id, never_disconnected
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+__all__ = [
+    "PURGATORIES",
+    "ClientDisconnected",
+    "OperationCancelled",
+    "PurgatoryUnavailable",
+    "cancel_on_disconnect",
+    "get_purgatory",
+    "metrics_handler",
+    "on_disconnect",
+    "purgatory_key",
+    "request_context_middleware",
+    "setup_purgatories",
+    "watch_and_wait",
+]
+
+R = TypeVar("R")
+
+_log = structlog.get_logger("purgatory_aio.integrations.aiohttp")
+
+
+class ClientDisconnected(_common.ClientDisconnected, web.HTTPClientError):
+    """The client disconnected; answered with 499, which nobody receives."""
+
+    status_code = 499
+
+    def __init__(self) -> None:
+        web.HTTPClientError.__init__(self, reason="Client Closed Request")
+
+
+class OperationCancelled(_common.OperationCancelled, web.HTTPServiceUnavailable):
+    """The application withdrew the operation its client was waiting for: 503."""
+
+    def __init__(self, detail: str = "the operation was cancelled") -> None:
+        web.HTTPServiceUnavailable.__init__(self, text=detail)
+
+
+class PurgatoryUnavailable(PurgatoryClosed, web.HTTPServiceUnavailable):
+    """The purgatory is shut down (the server is stopping): 503."""
+
+    def __init__(self, detail: str = "shutting down") -> None:
+        web.HTTPServiceUnavailable.__init__(self, text=detail)
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+#: The application's :class:`~purgatory_aio.integrations.Purgatories`.
+PURGATORIES: Final = web.AppKey("purgatory_aio.purgatories", Purgatories)
+
+
+@functools.cache
+def purgatory_key(name: str) -> web.AppKey[Purgatory]:
+    """The ``AppKey`` under which :func:`setup_purgatories` stores the purgatory ``name``
+    (the same key object for the same name): ``request.app[purgatory_key("fetch")]``."""
+    return web.AppKey(f"purgatory_aio.purgatory.{name}", Purgatory)
+
+
+def setup_purgatories(app: web.Application, *purgatories: Purgatory) -> Purgatories:
+    """Run ``purgatories`` with ``app``: started on startup, shut down on shutdown.
+
+    Each is stored under :func:`purgatory_key` of its name, all of them under
+    :data:`PURGATORIES`. They are shut down in ``on_shutdown``, which aiohttp
+    runs before it waits for the handlers still running: every pending
+    operation is expired there, so each long-polling client is answered at once
+    instead of holding the shutdown until its deadline. A ``cleanup_ctx`` entry
+    starts them and makes sure they are shut down even if startup fails later.
+    Call it again to add purgatories before the application starts.
+    """
+    registry = app.get(PURGATORIES)
+    if registry is None:
+        registry = app[PURGATORIES] = Purgatories()
+        app.cleanup_ctx.append(_run_purgatories)
+        app.on_shutdown.append(_shutdown_purgatories)
+    for purgatory in purgatories:
+        registry.add(purgatory)
+        app[purgatory_key(purgatory.name)] = purgatory
+    return registry
+
+
+async def _run_purgatories(app: web.Application) -> AsyncIterator[None]:
+    registry = app[PURGATORIES]
+    await registry.start()
+    try:
+        yield
+    finally:
+        await registry.shutdown()
+
+
+async def _shutdown_purgatories(app: web.Application) -> None:
+    await app[PURGATORIES].shutdown()
+
+
+def get_purgatory(request: web.Request, name: str | None = None) -> Purgatory:
+    """The purgatory ``name`` (the only one if ``None``) of the request's application,
+    looked up through sub-applications too."""
+    registry = request.config_dict.get(PURGATORIES)
+    if registry is None:
+        raise RuntimeError("this application has no purgatories: call setup_purgatories(app, ...)")
+    return registry.only() if name is None else registry[name]
+
+
+# -- waiting for operations --------------------------------------------------------------------
+
+
+class _ConnectionWatch(asyncio.Protocol):
+    """Sits between a connection's transport and aiohttp's protocol to hear it close.
+
+    aiohttp offers no public disconnection callback (its own handler
+    cancellation aside), but an asyncio transport lets its protocol be swapped
+    (``BaseTransport.set_protocol``). This forwards every protocol call to
+    aiohttp's protocol unchanged, and after ``connection_lost`` runs the
+    callbacks of the requests waiting on the connection. Installed once per
+    connection, on the first request that waits.
+    """
+
+    __slots__ = ("_callbacks", "_protocol")
+
+    def __init__(self, protocol: asyncio.Protocol) -> None:
+        self._protocol = protocol
+        self._callbacks: set[Callable[[], None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._protocol.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._protocol.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._protocol.eof_received()
+
+    def pause_writing(self) -> None:
+        self._protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._protocol.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            callbacks, self._callbacks = self._callbacks, set()
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:
+                    _log.exception("disconnect_callback_error")
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self._callbacks.add(callback)
+        return functools.partial(self._callbacks.discard, callback)
+
+
+def on_disconnect(request: web.Request) -> OnDisconnect:
+    """The disconnection signal of ``request``'s connection, for the helpers of
+    :mod:`purgatory_aio.integrations`. The connection is watched from the first
+    subscription on; a subscription costs a set entry."""
+
+    def subscribe(callback: Callable[[], None]) -> Callable[[], None]:
+        return _connection_signal(request)(callback)
+
+    return subscribe
+
+
+def _connection_signal(request: web.Request) -> OnDisconnect:
+    transport = request.transport
+    if transport is None:
+        return already_disconnected
+    protocol = transport.get_protocol()
+    if isinstance(protocol, _ConnectionWatch):
+        return protocol.subscribe
+    if (
+        protocol is not request.protocol
+        or isinstance(protocol, asyncio.BufferedProtocol)
+        or not isinstance(protocol, asyncio.Protocol)
+    ):
+        # Not the plain protocol-per-connection arrangement this knows how to watch;
+        # disconnection then only reaches us through handler cancellation.
+        _log.debug("disconnect_detection_unsupported", protocol=type(protocol).__name__)
+        return never_disconnected
+    watch = _ConnectionWatch(protocol)
+    transport.set_protocol(watch)
+    return watch.subscribe
+
+
+async def watch_and_wait(
+    request: web.Request,
+    purgatory: Purgatory,
+    op: DelayedOperation[R],
+    keys: Iterable[Hashable],
+) -> R:
+    """Watch ``op`` under ``keys`` and return its result; withdraw it if the client leaves.
+
+    An operation that completes at once costs nothing more than
+    ``try_complete_else_watch``; one that waits registers a callback on its
+    connection, which cancels ``op`` (its ``on_complete`` never runs) when the
+    connection is lost.
+
+    Raises:
+        ClientDisconnected: (499) the client went away first.
+        OperationCancelled: (503) the application cancelled ``op``.
+        PurgatoryUnavailable: (503) the purgatory is shut down.
+    """
+    try:
+        return await _common.watch_until_disconnected(purgatory, op, keys, on_disconnect(request))
+    except _common.ClientDisconnected:
+        raise ClientDisconnected() from None
+    except _common.OperationCancelled as exc:
+        raise OperationCancelled(str(exc)) from None
+    except PurgatoryClosed as exc:
+        if isinstance(exc, web.HTTPException):
+            raise
+        raise PurgatoryUnavailable(str(exc)) from None
+
+
+@asynccontextmanager
+async def cancel_on_disconnect(request: web.Request) -> AsyncIterator[None]:
+    """Cancel the enclosed block when the client disconnects (then raise
+    :class:`ClientDisconnected`), for awaits other than one operation, such as a
+    service call that waits on a purgatory with ``Purgatory.watch_and_wait``.
+
+    A :class:`~purgatory_aio.PurgatoryClosed` from the block becomes
+    :class:`PurgatoryUnavailable` (503).
+    """
+    try:
+        async with _common.cancel_on_disconnect(on_disconnect(request)):
+            yield
+    except _common.ClientDisconnected:
+        raise ClientDisconnected() from None
+    except PurgatoryClosed as exc:
+        if isinstance(exc, web.HTTPException):
+            raise
+        raise PurgatoryUnavailable(str(exc)) from None
+
+
+# -- observability -----------------------------------------------------------------------------
+
+_REQUEST_ID_HEADER = "X-Request-ID"
+
+
+@web.middleware
+async def request_context_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Binds ``method``, ``path`` and ``request_id`` into structlog's contextvars per request.
+
+    Every log line of the request then carries them (with
+    ``structlog.contextvars.merge_contextvars`` in the processor chain, which the
+    application configures). The id is taken from the ``X-Request-ID`` header
+    when it is plain, else generated, and sent back in the response header.
+
+    Usage: ``web.Application(middlewares=[request_context_middleware])``.
+    """
+    request_id = make_request_id(request.headers.get(_REQUEST_ID_HEADER))
+    with structlog.contextvars.bound_contextvars(
+        method=request.method, path=request.path, request_id=request_id
+    ):
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers[_REQUEST_ID_HEADER] = request_id
+            raise
+    if not response.prepared:
+        response.headers[_REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def metrics_handler(registry: CollectorRegistry | None = None) -> Handler:
+    """A handler serving ``registry`` (the default Prometheus registry if ``None``)
+    in the exposition format the scraper asks for. Needs the ``metrics`` extra.
+
+    Usage: ``app.router.add_get("/metrics", metrics_handler(registry))``.
+    """
+    try:
+        from prometheus_client import REGISTRY
+        from prometheus_client.exposition import choose_encoder
+    except ImportError as exc:
+        raise ImportError(
+            "metrics_handler needs prometheus-client: install purgatory-aio[metrics]"
+        ) from exc
+    target = REGISTRY if registry is None else registry
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(target), headers={"Content-Type": content_type})
+
+    return metrics

@@ -1,0 +1,362 @@
+"""FastAPI (and any Starlette application) served by uvicorn.
+
+Needs the ``fastapi`` extra (``pip install 'purgatory-aio[fastapi]'``).
+
+Example::
+
+    fetch = Purgatory("fetch")
+    app = FastAPI(lifespan=PurgatoryLifespan(fetch, lifespan=my_lifespan))
+    FetchPurgatory = Annotated[Purgatory, Depends(purgatory_dependency("fetch"))]
+
+    @app.get("/poll/{key}")
+    async def poll(request: Request, key: str, purgatory: FetchPurgatory) -> dict:
+        return await watch_and_wait(request, purgatory, WaitForData(key, 30.0), [key])
+
+uvicorn does not cancel a handler whose client disconnected;
+:func:`watch_and_wait` and :func:`cancel_on_disconnect` listen for the ASGI
+``http.disconnect`` message themselves, so a client that goes away leaves
+nothing pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+try:
+    import structlog
+    import uvicorn
+    from fastapi import HTTPException, Request
+    from starlette.applications import Starlette
+    from starlette.datastructures import MutableHeaders
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "purgatory_aio.integrations.fastapi needs FastAPI and uvicorn: "
+        "install purgatory-aio[fastapi]"
+    ) from exc
+
+from .. import integrations as _common
+from .._errors import PurgatoryClosed
+from .._operation import DelayedOperation
+from .._purgatory import Purgatory
+from . import OnDisconnect, Purgatories, make_request_id
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+__all__ = [
+    "ClientDisconnected",
+    "OperationCancelled",
+    "PurgatoryLifespan",
+    "PurgatoryUnavailable",
+    "RequestContextMiddleware",
+    "Server",
+    "cancel_on_disconnect",
+    "get_purgatories",
+    "metrics_endpoint",
+    "on_disconnect",
+    "purgatory_dependency",
+    "watch_and_wait",
+]
+
+R = TypeVar("R")
+
+_log = structlog.get_logger("purgatory_aio.integrations.fastapi")
+
+
+class ClientDisconnected(_common.ClientDisconnected, HTTPException):
+    """The client disconnected; answered with 499, which nobody receives."""
+
+    def __init__(self) -> None:
+        HTTPException.__init__(self, 499, "client closed request")
+
+
+class OperationCancelled(_common.OperationCancelled, HTTPException):
+    """The application withdrew the operation its client was waiting for: 503."""
+
+    def __init__(self, detail: str = "the operation was cancelled") -> None:
+        HTTPException.__init__(self, 503, detail)
+
+
+class PurgatoryUnavailable(PurgatoryClosed, HTTPException):
+    """The purgatory is shut down (the server is stopping): 503."""
+
+    def __init__(self, detail: str = "shutting down") -> None:
+        HTTPException.__init__(self, 503, detail)
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+class PurgatoryLifespan:
+    """A lifespan that starts the application's purgatories and shuts them down.
+
+    Pass it as ``FastAPI(lifespan=PurgatoryLifespan(p1, p2, lifespan=yours))``:
+    the purgatories start before your lifespan and are shut down after it, every
+    pending operation expired so each waiting client gets its answer. Your
+    lifespan's state, if any, is passed through.
+
+    The purgatories are published as ``app.state.purgatories`` (a
+    :class:`~purgatory_aio.integrations.Purgatories`) for the dependencies.
+
+    Note that uvicorn runs the lifespan shutdown only after the requests in
+    flight have finished; run the app with :class:`Server` to answer pending
+    long polls as soon as shutdown begins.
+    """
+
+    def __init__(
+        self,
+        *purgatories: Purgatory,
+        lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
+    ) -> None:
+        self.purgatories = Purgatories(purgatories)
+        self._lifespan = lifespan
+
+    def __call__(self, app: Starlette) -> AbstractAsyncContextManager[Any]:
+        return self._run(app)
+
+    @asynccontextmanager
+    async def _run(self, app: Starlette) -> AsyncIterator[Any]:
+        app.state.purgatories = self.purgatories
+        async with self.purgatories:
+            if self._lifespan is None:
+                yield None
+            else:
+                async with self._lifespan(app) as state:
+                    yield state
+
+
+class Server(uvicorn.Server):
+    """A ``uvicorn.Server`` that shuts the purgatories down as soon as it starts stopping.
+
+    uvicorn waits for requests in flight before the lifespan shutdown, so a
+    long poll would hold the shutdown until its own deadline. This server
+    expires every pending operation first: each client gets its answer at once.
+
+    Args:
+        config: the uvicorn config.
+        purgatories: what to shut down; by default the ones a
+            :class:`PurgatoryLifespan` published on the served application.
+    """
+
+    def __init__(self, config: uvicorn.Config, purgatories: Purgatories | None = None) -> None:
+        super().__init__(config)
+        self._purgatories = purgatories
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        registry = self._purgatories
+        if registry is None and self.config.loaded:
+            registry = _find_purgatories(self.config.loaded_app)
+        if registry is not None:
+            await registry.shutdown()
+        await super().shutdown(sockets)
+
+
+def _find_purgatories(app: object) -> Purgatories | None:
+    # Middleware wraps the application; each wrapper keeps the next one as `.app`.
+    for _ in range(64):
+        registry = getattr(getattr(app, "state", None), "purgatories", None)
+        if isinstance(registry, Purgatories):
+            return registry
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return None
+
+
+# -- dependencies ------------------------------------------------------------------------------
+
+
+def get_purgatories(request: Request) -> Purgatories:
+    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`."""
+    registry = getattr(request.app.state, "purgatories", None)
+    if not isinstance(registry, Purgatories):
+        raise RuntimeError(
+            "this application has no purgatories: pass lifespan=PurgatoryLifespan(...) to FastAPI()"
+        )
+    return registry
+
+
+@functools.cache
+def purgatory_dependency(name: str | None = None) -> Callable[[Request], Purgatory]:
+    """Dependency on the purgatory called ``name`` (the only one if ``None``).
+
+    The same callable is returned for the same name, so tests can replace it:
+    ``app.dependency_overrides[purgatory_dependency("fetch")] = lambda: test_purgatory``.
+    """
+
+    def dependency(request: Request) -> Purgatory:
+        registry = get_purgatories(request)
+        return registry.only() if name is None else registry[name]
+
+    dependency.__name__ = f"purgatory_{name or 'only'}"
+    return dependency
+
+
+# -- waiting for operations --------------------------------------------------------------------
+
+
+def on_disconnect(request: Request) -> OnDisconnect:
+    """The disconnection signal of ``request``, for the helpers of
+    :mod:`purgatory_aio.integrations`.
+
+    Each subscription is one task awaiting the ASGI ``receive`` channel, which
+    yields ``http.disconnect`` when the client goes away; it is cancelled when
+    the subscription ends. Subscribe after the request body has been read (the
+    task drains what is left of it) and one at a time per request.
+    """
+    receive = request.receive
+
+    def subscribe(callback: Callable[[], None]) -> Callable[[], None]:
+        task = asyncio.get_running_loop().create_task(_await_disconnect(receive, callback))
+
+        def unsubscribe() -> None:
+            task.cancel()
+
+        return unsubscribe
+
+    return subscribe
+
+
+async def _await_disconnect(receive: Receive, callback: Callable[[], None]) -> None:
+    body_read = False
+    while True:
+        try:
+            message = await receive()
+        except Exception as exc:
+            # A receive channel that fails cannot report disconnection; the wait
+            # itself carries on, bounded by the operation's deadline.
+            _log.debug("disconnect_detection_failed", error=repr(exc))
+            return
+        kind = message["type"]
+        if kind == "http.disconnect":
+            callback()
+            return
+        if kind != "http.request":
+            continue
+        if body_read:
+            # A server that answers receive() at once instead of holding it until the
+            # client leaves cannot tell us about disconnection; stop listening.
+            _log.debug("disconnect_detection_unsupported", server_message=kind)
+            return
+        body_read = not message.get("more_body", False)
+
+
+async def watch_and_wait(
+    request: Request,
+    purgatory: Purgatory,
+    op: DelayedOperation[R],
+    keys: Iterable[Hashable],
+) -> R:
+    """Watch ``op`` under ``keys`` and return its result; withdraw it if the client leaves.
+
+    An operation that completes at once costs nothing more than
+    ``try_complete_else_watch``; one that waits has a task listening for the
+    client's disconnection, which cancels ``op`` (its ``on_complete`` never runs).
+
+    Raises:
+        ClientDisconnected: (499) the client went away first.
+        OperationCancelled: (503) the application cancelled ``op``.
+        PurgatoryUnavailable: (503) the purgatory is shut down.
+    """
+    try:
+        return await _common.watch_until_disconnected(purgatory, op, keys, on_disconnect(request))
+    except _common.ClientDisconnected:
+        raise ClientDisconnected() from None
+    except _common.OperationCancelled as exc:
+        raise OperationCancelled(str(exc)) from None
+    except PurgatoryClosed as exc:
+        if isinstance(exc, HTTPException):
+            raise
+        raise PurgatoryUnavailable(str(exc)) from None
+
+
+@asynccontextmanager
+async def cancel_on_disconnect(request: Request) -> AsyncIterator[None]:
+    """Cancel the enclosed block when the client disconnects (then raise
+    :class:`ClientDisconnected`), for awaits other than one operation, such as a
+    service call that waits on a purgatory with ``Purgatory.watch_and_wait``.
+
+    A :class:`~purgatory_aio.PurgatoryClosed` from the block becomes
+    :class:`PurgatoryUnavailable` (503).
+    """
+    try:
+        async with _common.cancel_on_disconnect(on_disconnect(request)):
+            yield
+    except _common.ClientDisconnected:
+        raise ClientDisconnected() from None
+    except PurgatoryClosed as exc:
+        if isinstance(exc, HTTPException):
+            raise
+        raise PurgatoryUnavailable(str(exc)) from None
+
+
+# -- observability -----------------------------------------------------------------------------
+
+
+class RequestContextMiddleware:
+    """Binds ``method``, ``path`` and ``request_id`` into structlog's contextvars per request.
+
+    Every log line of the request then carries them (with
+    ``structlog.contextvars.merge_contextvars`` in the processor chain, which the
+    application configures). The id is taken from the ``X-Request-ID`` header
+    when it is plain, else generated, and sent back in the response header.
+
+    Usage: ``app.add_middleware(RequestContextMiddleware)``.
+    """
+
+    def __init__(self, app: ASGIApp, *, header: str = "x-request-id") -> None:
+        self.app = app
+        self._header = header.lower()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        supplied = None
+        name = self._header.encode("latin-1")
+        for key, value in scope["headers"]:
+            if key == name:
+                supplied = value.decode("latin-1")
+                break
+        request_id = make_request_id(supplied)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)[self._header] = request_id
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(
+            method=scope["method"], path=scope["path"], request_id=request_id
+        ):
+            await self.app(scope, receive, send_with_id)
+
+
+def metrics_endpoint(
+    registry: CollectorRegistry | None = None,
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route serving ``registry`` (the default Prometheus registry if ``None``)
+    in the exposition format the scraper asks for. Needs the ``metrics`` extra.
+
+    Usage: ``app.add_api_route("/metrics", metrics_endpoint(registry), include_in_schema=False)``.
+    """
+    try:
+        from prometheus_client import REGISTRY
+        from prometheus_client.exposition import choose_encoder
+    except ImportError as exc:
+        raise ImportError(
+            "metrics_endpoint needs prometheus-client: install purgatory-aio[metrics]"
+        ) from exc
+    target = REGISTRY if registry is None else registry
+
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(target), headers={"content-type": content_type})
+
+    return metrics
