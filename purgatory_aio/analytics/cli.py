@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from purgatory_aio.analytics.errors import SPARK_MISSING, ReportError, describe_spark_error
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession as Session
 
 PROG = "purgatory-report"
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> int:
     """Run the report command.
 
     Args:
@@ -97,16 +97,18 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         return _fail(f"--top-keys must be at least 1, got {args.top_keys}", status=2)
 
     try:
+        from pyspark.sql import SparkSession
+
         from purgatory_aio.analytics import inputs, report, session
     except ImportError as exc:
         message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
         return _fail(message)
 
-    own_session = spark is None
+    # A session already running in this process (a notebook, a test) is borrowed, not stopped.
+    own_session = spark is None and SparkSession.getActiveSession() is None
     try:
-        if inputs.is_local(args.events_dir):
-            # Bad input is reported before paying for a JVM start.
-            inputs.find_event_files(args.events_dir)
+        # Bad input is reported before paying for a JVM start.
+        inputs.preflight(args.events_dir)
         if spark is None:
             spark = session.create_session(args.master, conf)
         try:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
@@ -160,6 +161,22 @@ def check_parquet_files(paths: list[str]) -> None:
                 )
 
 
+def preflight(events_dir: str) -> EventFiles | None:
+    """The checks that need no Spark: files present, Parquet footers sound.
+
+    Returns:
+        The local event files, or ``None`` for a remote location (not checked).
+
+    Raises:
+        ReportError: See :func:`find_event_files` and :func:`check_parquet_files`.
+    """
+    if not is_local(events_dir):
+        return None
+    files = find_event_files(events_dir)
+    check_parquet_files(files.parquet)
+    return files
+
+
 def read_events(spark: SparkSession, events_dir: str) -> DataFrame:
     """All events under ``events_dir`` with two extra columns for checking.
 
@@ -170,9 +187,8 @@ def read_events(spark: SparkSession, events_dir: str) -> DataFrame:
         ReportError: See :func:`find_event_files` and :func:`check_parquet_files`.
     """
     frames: list[DataFrame] = []
-    if is_local(events_dir):
-        files = find_event_files(events_dir)
-        check_parquet_files(files.parquet)
+    files = preflight(events_dir)
+    if files is not None:
         if files.parquet:
             frames.append(_parquet(spark, files.parquet))
         if files.json:
@@ -210,49 +226,88 @@ def _json(spark: SparkSession, paths: list[str], glob: str | None = None) -> Dat
     return frame.select(*COLUMNS, _CORRUPT, F.input_file_name().alias(_FILE))
 
 
-def validate_events(raw: DataFrame, events_dir: str) -> int:
-    """Check every event in one pass; return how many there are.
+#: Prefix of the checking aggregates' names, kept apart from the report's figures.
+CHECK_PREFIX = "_check_"
+
+
+def check_aggregates() -> list[Column]:
+    """Aggregates over the raw events (see :func:`read_events`) that
+    :func:`check_results` turns into a verdict.
+
+    Only counts: they can share a hash aggregation with the report's figures,
+    so checking costs no extra pass over the data.
+    """
+    checks = {name: F.count(F.when(problem, 1)) for name, problem in _problems().items()}
+    checks["rows"] = F.count(F.lit(1))
+    return [column.alias(CHECK_PREFIX + name) for name, column in checks.items()]
+
+
+def _problems() -> dict[str, Column]:
+    corrupt = F.col(_CORRUPT).isNotNull()
+    problems = {"corrupt": corrupt}
+    problems.update({f"null_{name}": ~corrupt & F.col(name).isNull() for name in REQUIRED})
+    problems["unknown"] = (
+        ~corrupt & F.col("outcome").isNotNull() & ~F.col("outcome").isin(*OUTCOMES)
+    )
+    return problems
+
+
+def check_results(raw: DataFrame, rows: list[dict[str, Any]], events_dir: str) -> int:
+    """Raise on the first problem the :func:`check_aggregates` rows reveal.
+
+    Args:
+        raw: The raw events, to look up an example when there is a problem.
+        rows: Aggregated rows (as dicts), one per group or a single one.
+        events_dir: The input, for messages.
+
+    Returns:
+        The number of events.
 
     Raises:
         ReportError: No events, JSON lines that do not parse, events lacking a
             required value (a missing column), or an unknown outcome.
     """
-    corrupt = F.col(_CORRUPT).isNotNull()
-    known = F.col("outcome").isin(*OUTCOMES)
-    aggregates: list[Column] = [
-        F.count(F.lit(1)).alias("rows"),
-        F.count(F.when(corrupt, 1)).alias("corrupt"),
-        F.min(F.when(corrupt, F.col(_FILE))).alias("corrupt_file"),
-        F.count(F.when(~corrupt & F.col("outcome").isNotNull() & ~known, 1)).alias("unknown"),
-        F.min(F.when(~corrupt & ~known, F.col("outcome"))).alias("unknown_value"),
-    ]
-    for name in REQUIRED:
-        lacking = ~corrupt & F.col(name).isNull()
-        aggregates.append(F.count(F.when(lacking, 1)).alias(f"null_{name}"))
-        aggregates.append(F.min(F.when(lacking, F.col(_FILE))).alias(f"null_file_{name}"))
-    stats = raw.agg(*aggregates).collect()[0].asDict()
-    rows = int(stats["rows"])
-    if rows == 0:
+
+    def total(name: str) -> int:
+        return sum(int(row[CHECK_PREFIX + name]) for row in rows)
+
+    def example(name: str) -> Any:
+        # Only on the error path: a string min() in the main pass would turn its
+        # hash aggregation into a sort of every event.
+        found = raw.where(_problems()[name]).select(_FILE, "outcome").limit(1).collect()
+        return found[0] if found else {_FILE: "?", "outcome": "?"}
+
+    count = total("rows")
+    if count == 0:
         raise ReportError(f"the event files under {events_dir} hold no events")
-    if stats["corrupt"]:
+    if corrupt := total("corrupt"):
         raise ReportError(
-            f"corrupt event file: {stats['corrupt']} line(s) are not valid event JSON, "
-            f"e.g. in {_display(stats['corrupt_file'])}"
+            f"corrupt event file: {corrupt} line(s) are not valid event JSON, "
+            f"e.g. in {_display(example('corrupt')[_FILE])}"
         )
-    incomplete = [name for name in REQUIRED if stats[f"null_{name}"]]
+    incomplete = [name for name in REQUIRED if total(f"null_{name}")]
     if incomplete:
         first = incomplete[0]
         raise ReportError(
             f"events lack required column(s) {', '.join(incomplete)}: "
-            f"{stats[f'null_{first}']} of {rows} events have no {first}, "
-            f"e.g. in {_display(stats[f'null_file_{first}'])}"
+            f"{total(f'null_{first}')} of {count} events have no {first}, "
+            f"e.g. in {_display(example(f'null_{first}')[_FILE])}"
         )
-    if stats["unknown"]:
+    if unknown := total("unknown"):
         raise ReportError(
-            f"{stats['unknown']} event(s) have an unknown outcome such as "
-            f"{stats['unknown_value']!r} (expected one of {', '.join(OUTCOMES)})"
+            f"{unknown} event(s) have an unknown outcome such as "
+            f"{example('unknown')['outcome']!r} (expected one of {', '.join(OUTCOMES)})"
         )
-    return rows
+    return count
+
+
+def validate_events(raw: DataFrame, events_dir: str) -> int:
+    """Check every event in one pass; return how many there are.
+
+    Raises:
+        ReportError: See :func:`check_results`.
+    """
+    return check_results(raw, [raw.agg(*check_aggregates()).collect()[0].asDict()], events_dir)
 
 
 def load_events(spark: SparkSession, events_dir: str) -> tuple[DataFrame, int]:

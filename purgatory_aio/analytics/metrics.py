@@ -69,12 +69,17 @@ def _outcome_counts() -> list[Column]:
 
 
 def group_stats(events: DataFrame) -> DataFrame:
-    """One row per (purgatory, op_type) with every figure a single pass can give.
+    """One row per (purgatory, op_type) with the :func:`group_aggregates`."""
+    return events.groupBy(*GROUP).agg(*group_aggregates())
+
+
+def group_aggregates() -> list[Column]:
+    """Every per-(purgatory, op_type) figure a single pass can give.
 
     Columns: ``count``, one count per outcome, ``latency_curve`` (latencies at
     :data:`CURVE_QUANTILES`), ``latency_mean``/``_min``/``_max``,
     ``lateness_q`` (at :data:`LATENESS_QUANTILES`), ``lateness_max``,
-    ``first_settled_at``/``last_settled_at``, ``timeout_min``/``_p50``/``_max``,
+    ``first_settled_at``/``last_settled_at``, ``timeout_min``/``_mean``/``_max``,
     and ``would_expire``: per fraction ``f`` of :data:`WHATIF_FRACTIONS`, the
     operations that would have expired with timeout ``f * (deadline -
     created_at)`` (expired ones, and completed ones slower than that).
@@ -86,7 +91,7 @@ def group_stats(events: DataFrame) -> DataFrame:
         F.count(F.when(expired | (completed & (F.lit(f) * timeout() < latency())), 1))
         for f in WHATIF_FRACTIONS
     ]
-    return events.groupBy(*GROUP).agg(
+    return [
         F.count(F.lit(1)).alias("count"),
         *_outcome_counts(),
         F.percentile_approx(completion, list(CURVE_QUANTILES), ACCURACY).alias("latency_curve"),
@@ -98,10 +103,10 @@ def group_stats(events: DataFrame) -> DataFrame:
         F.min("settled_at").alias("first_settled_at"),
         F.max("settled_at").alias("last_settled_at"),
         F.min(timeout()).alias("timeout_min"),
-        F.percentile_approx(timeout(), 0.5, ACCURACY).alias("timeout_p50"),
+        F.mean(timeout()).alias("timeout_mean"),
         F.max(timeout()).alias("timeout_max"),
         F.array(*would_expire).alias("would_expire"),
-    )
+    ]
 
 
 def per_second(events: DataFrame) -> DataFrame:

@@ -50,8 +50,8 @@ def _header(report: Report) -> str:
     return f"""
 # Purgatory operations report
 
-- Input: `{report.events_dir}`: {report.events:,} operations in {len(report.summary)}
-  purgatory/op_type group(s)
+- Input: `{report.events_dir}`: {report.events:,} operations, {len(report.summary)} \
+purgatory/op_type group(s)
 - Settled between {_utc(first)} and {_utc(last)}
 - Generated {report.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")}
 
@@ -202,7 +202,7 @@ def _whatif_section(report: Report) -> str:
 
 What share of operations would have expired with a shorter timeout? Each candidate is a
 fraction of the timeout an operation was given (`deadline - created_at`), and is shown in
-milliseconds at the group's median timeout. A completed operation slower than the candidate
+milliseconds at the group's mean timeout. A completed operation slower than the candidate
 would have expired; an expired one would have expired anyway. Shares are over completed and
 expired operations (cancelled and shutdown ones are left out). Counts are exact.
 

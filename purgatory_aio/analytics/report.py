@@ -16,7 +16,7 @@ from pathlib import Path
 
 from purgatory_aio.analytics import charts, metrics
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
-from purgatory_aio.analytics.inputs import load_events
+from purgatory_aio.analytics.inputs import check_aggregates, check_results, read_events
 from purgatory_aio.analytics.metrics import (
     CURVE_QUANTILES,
     GROUP,
@@ -26,7 +26,7 @@ from purgatory_aio.analytics.metrics import (
 )
 from purgatory_aio.analytics.model import SUMMARY_KEYS, Report, Row, label
 from purgatory_aio.analytics.render import render_markdown
-from purgatory_aio.events import OUTCOMES
+from purgatory_aio.events import COLUMNS, OUTCOMES
 
 try:
     from pyspark.sql import DataFrame, SparkSession
@@ -70,11 +70,15 @@ def run(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"report directory is a file: {out}")
-    events, total = load_events(spark, events_dir)
+    raw = read_events(spark, events_dir)
+    # Checking shares the first pass over the data with the figures.
+    grouped = raw.groupBy(*GROUP).agg(*metrics.group_aggregates(), *check_aggregates())
+    rows = [row.asDict() for row in grouped.collect()]
+    total = check_results(raw, rows, events_dir)
+    stats = sorted(rows, key=lambda row: (row["purgatory"], row["op_type"]))
+    events = raw.select(*COLUMNS)
     out.mkdir(parents=True, exist_ok=True)
     tables = out / "tables"
-
-    stats = [row.asDict() for row in metrics.group_stats(events).orderBy(*GROUP).collect()]
 
     _write(metrics.per_second(events), tables / "throughput")
     per_second = spark.read.parquet(str(tables / "throughput"))
@@ -174,7 +178,7 @@ def _summary_row(stats: Row, peaks: dict[tuple[str, str], int]) -> Row:
             "first_settled_at": first,
             "last_settled_at": last,
             "timeout_min": stats["timeout_min"],
-            "timeout_p50": stats["timeout_p50"],
+            "timeout_mean": stats["timeout_mean"],
             "timeout_max": stats["timeout_max"],
         }
     )
@@ -187,7 +191,7 @@ def _whatif_rows(stats: Row) -> list[Row]:
     judged = int(stats["completed"]) + int(stats["expired"])
     if judged == 0:
         return []
-    used = float(stats["timeout_p50"])
+    used = float(stats["timeout_mean"])
     return [
         {
             "purgatory": stats["purgatory"],
@@ -291,7 +295,7 @@ _SUMMARY_SCHEMA = StructType(
                 "first_settled_at",
                 "last_settled_at",
                 "timeout_min",
-                "timeout_p50",
+                "timeout_mean",
                 "timeout_max",
             )
         ),

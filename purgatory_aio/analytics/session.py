@@ -98,7 +98,10 @@ def create_session(
         ReportError: No Java runtime, or the JVM failed to start.
     """
     check_java()
-    settings: dict[str, str] = {}
+    settings: dict[str, str] = {
+        # The report's wide aggregation trips the plan-printing limit and its warning.
+        "spark.sql.debug.maxToStringFields": "1000",
+    }
     effective = master or (None if under_spark_submit() else DEFAULT_MASTER)
     if effective is not None:
         settings.update(local_defaults(effective))
@@ -112,5 +115,31 @@ def create_session(
         spark = builder.getOrCreate()
     except Exception as exc:
         raise ReportError(f"cannot start Spark: {describe_spark_error(exc)}") from exc
-    spark.sparkContext.setLogLevel(LOG_LEVEL)
+    context = spark.sparkContext
+    context.setLogLevel(LOG_LEVEL)
+    running_master = str(context.master)
+    if running_master.startswith("local"):
+        given = context.getConf()
+        for key, value in local_defaults(running_master).items():
+            # spark-submit's own master skipped them above; runtime SQL settings still apply.
+            if key.startswith("spark.sql.") and not given.contains(key):
+                spark.conf.set(key, value)
+        _silence_task_failure_logs(spark)
     return spark
+
+
+def _silence_task_failure_logs(spark: SparkSession) -> None:
+    """In local mode a failed task fails the run, which reports it as one line itself.
+
+    Without this, the executor's stack trace (logged at ERROR) would bury that line.
+    """
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        return
+    try:
+        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+        fatal = jvm.org.apache.logging.log4j.Level.FATAL
+        for name in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler"):
+            configurator.setLevel(name, fatal)
+    except Exception:  # logging is cosmetic; a different log4j must not stop the report
+        return

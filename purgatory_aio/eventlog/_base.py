@@ -34,26 +34,34 @@ _Payload = TypeVar("_Payload")
 class QueuedEventWriter(ABC, Generic[_Payload]):
     """An :class:`~purgatory_aio.events.EventSink` that writes files on a worker thread.
 
-    ``emit`` appends to a bounded in-memory queue and returns at once; it never
-    waits for the worker, a lock held by the worker, or the disk. When the queue
-    is full the record is dropped and counted in :attr:`dropped` (the worker logs
-    a rate-limited warning, and :meth:`close` logs the total).
+    ``emit`` appends to a bounded in-memory queue and returns at once: it never
+    waits for the worker or the disk. When the queue is full the record is
+    dropped and counted in :attr:`dropped`; the worker logs a warning at most
+    every :data:`DROP_WARNING_INTERVAL` seconds, and :meth:`close` logs the total.
 
     The worker writes records in batches of ``batch_size`` (or whatever arrived
     within ``flush_seconds``) to a file named
     ``<prefix>-<UTC open time>-<pid>-<seq><suffix>``, so file names sort by
     time. A file is written under a hidden ``.<name>.tmp`` name and renamed when
-    it is closed: after ``roll_bytes`` bytes, after ``roll_seconds`` seconds, or
-    at :meth:`close`. Readers such as Spark skip hidden files, so they never see
-    a partial file.
-
-    ``emit`` is meant to be called from one thread at a time (the event-loop
-    thread of the purgatories sharing the writer).
+    it is closed: once it holds ``roll_bytes`` bytes, ``roll_seconds`` after it
+    was opened, or at :meth:`close`. Readers such as Spark skip hidden files, so
+    they never see a partial file.
 
     A record the format cannot encode is dropped alone (counted, logged), never
-    with its batch. Subclasses implement the format: :meth:`_encode`,
-    :meth:`_open_file`, :meth:`_write_payload`, :meth:`_bytes_written` and
-    :meth:`_close_file`.
+    with its batch. ``emit`` is meant to be called from one thread at a time
+    (the event-loop thread of the purgatories sharing the writer).
+
+    Args:
+        directory: Where the files go (created if missing).
+        batch_size: Records per write (a Parquet row group).
+        roll_bytes: Close the file once it is this large.
+        roll_seconds: Close the file this long after it was opened.
+        queue_size: Records waiting for the worker before ``emit`` drops.
+        flush_seconds: Longest a record waits for its batch to fill.
+        prefix: File name prefix.
+
+    Subclasses implement the format: :meth:`_encode`, :meth:`_open_file`,
+    :meth:`_write_payload`, :meth:`_bytes_written` and :meth:`_close_file`.
     """
 
     suffix: ClassVar[str]

@@ -11,6 +11,9 @@ from typing import IO
 from purgatory_aio.eventlog._base import QueuedEventWriter
 from purgatory_aio.events import COLUMNS, OperationEvent
 
+# allow_nan=False: NaN is not JSON, and Spark would read the whole line as corrupt.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
 
 class JsonLinesWriter(QueuedEventWriter[bytes]):
     """Writes ``*.jsonl`` files, one JSON object per line keyed by the event columns.
@@ -49,8 +52,7 @@ class JsonLinesWriter(QueuedEventWriter[bytes]):
         )
 
     def _encode(self, events: Sequence[OperationEvent]) -> bytes:
-        # allow_nan=False: NaN is not JSON, and Spark would read the line as corrupt.
-        dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+        dumps = _ENCODER.encode
         lines = [dumps(dict(zip(COLUMNS, event, strict=True))) for event in events]
         lines.append("")
         return "\n".join(lines).encode("utf-8")

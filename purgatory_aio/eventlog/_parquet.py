@@ -42,8 +42,8 @@ class ParquetWriter(QueuedEventWriter[Any]):
     Args:
         directory: Where the files go (created if missing).
         compression: Parquet codec: ``"zstd"``, ``"snappy"``, ``"gzip"``, ``"none"``...
-        **options: ``batch_size``, ``roll_bytes``, ``roll_seconds``, ``queue_size``,
-            ``flush_seconds``, ``prefix``, as for :class:`QueuedEventWriter`.
+
+    The other arguments are those of :class:`QueuedEventWriter`.
 
     Raises:
         ImportError: pyarrow is not installed.
