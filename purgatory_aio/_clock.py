@@ -79,9 +79,16 @@ class LoopClock:
         return "LoopClock()"
 
 
+_coarse: dict[type, bool] = {}
+
+
 def _coarse_timers(loop: asyncio.AbstractEventLoop) -> bool:
     """True for loops whose timers have millisecond resolution (uvloop)."""
-    return type(loop).__module__.partition(".")[0] == "uvloop"
+    kind = type(loop)
+    coarse = _coarse.get(kind)
+    if coarse is None:
+        coarse = _coarse[kind] = kind.__module__.partition(".")[0] == "uvloop"
+    return coarse
 
 
 #: Shared by every timer and purgatory built without an explicit clock.

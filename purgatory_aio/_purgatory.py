@@ -26,7 +26,7 @@ from ._callbacks import run_callbacks
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import PurgatoryClosed
 from ._operation import DelayedOperation
-from ._states import CANCELLED, ENDED, EXPIRED, FAILED, SHUTDOWN
+from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SHUTDOWN
 from ._threshold import ThresholdIndex, ThresholdKeys
 from ._timer import Timer
 from ._validation import check_finite, check_positive_int
@@ -356,7 +356,19 @@ class Purgatory:
                 if op._state & ENDED:
                     if watch_list.pop(op, False):
                         self._watched -= 1
-                elif op._safe_try_complete():
+                    continue
+                if op._busy:
+                    continue
+                # DelayedOperation._safe_try_complete, inlined: this loop visits every
+                # operation on the key, and the call it saves is a third of a visit.
+                op._busy = True
+                try:
+                    done = op.try_complete() and op._state & COMPLETED
+                except Exception as exc:
+                    done = op._fail_from_try_complete(exc)
+                finally:
+                    op._busy = False
+                if done:
                     completed += 1
                     if watch_list.pop(op, False):
                         self._watched -= 1

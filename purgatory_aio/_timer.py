@@ -160,6 +160,7 @@ class Timer:
         "_loop",
         "_reaper",
         "_reaping",
+        "_rearm_soon",
         "_tick",
         "_wake",
         "errors",
@@ -181,6 +182,7 @@ class Timer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._reaping = False
+        self._rearm_soon = False
         self._wake: asyncio.Future[None] | None = None
         self._armed: Cancellable | None = None
         self._armed_when = _INF
@@ -321,10 +323,21 @@ class Timer:
         # At equal due ticks higher levels go first, so that entries they cascade into
         # level 0 join that tick's bucket before it is flushed (deadline order holds).
         _heappush(self._heap, (expiration, -bucket.level, id(bucket), bucket))
+        if (
+            not self._reaping
+            and not self._rearm_soon
+            and expiration * self._tick < self._armed_when
+        ):
+            # Re-arm at the end of this loop iteration, not now: a request timeout is
+            # usually added and cancelled again before then (the request completed), and
+            # the wake-up then needs no change at all.
+            self._rearm_soon = True
+            self._loop.call_soon(self._rearm)  # type: ignore[union-attr]
+
+    def _rearm(self) -> None:
+        self._rearm_soon = False
         if not self._reaping:
-            when = expiration * self._tick
-            if when < self._armed_when:
-                self._arm(when)
+            self._arm_next()
 
     def _remove(self, entry: TimerEntry) -> None:
         """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
@@ -332,10 +345,10 @@ class Timer:
         del bucket.entries[entry]
         entry._bucket = None
         self._count -= 1
-        if not bucket.entries and not self._reaping:
-            heap = self._heap
-            if heap and heap[0][3] is bucket:
-                self._arm_next()
+        # An emptied bucket stays queued: at worst the reaper wakes for it once and
+        # finds nothing. Only when nothing at all is pending is the wake-up withdrawn.
+        if not self._count and not self._reaping:
+            self._disarm()
 
     def _drain(self) -> list[TimerEntry]:
         """Remove and return every pending entry, in deadline order."""

@@ -177,8 +177,22 @@ async def test_an_earlier_deadline_rearms_the_reaper() -> None:
     first = clock.next_due()
     assert first is not None and first > 5.0
     timer.call_later(0.005, lambda: None)
+    await asyncio.sleep(0)  # re-armed before the loop waits again
     earlier = clock.next_due()
     assert earlier is not None and earlier <= 0.006
+
+
+async def test_a_timeout_added_and_cancelled_at_once_leaves_the_wakeup_alone() -> None:
+    clock = ManualClock()
+    timer = Timer(clock=clock)
+    timer.call_later(10.0, lambda: None)
+    await clock.advance(0)
+    armed = timer._armed
+    for _ in range(100):
+        timer.call_later(0.2, lambda: None).cancel()
+    await asyncio.sleep(0)
+    assert timer._armed is armed
+    assert len(timer) == 1
 
 
 async def test_an_idle_timer_has_no_wakeups() -> None:
