@@ -54,6 +54,24 @@ def check_java() -> None:
         raise ReportError(JAVA_MISSING)
 
 
+_MASTER_URL = re.compile(
+    r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[.+\]|yarn|(spark|k8s|mesos)://.+"
+)
+
+
+def check_master(master: str) -> None:
+    """Reject a master URL Spark cannot parse, before its JVM dies on it noisily.
+
+    Raises:
+        ReportError: ``master`` is not a Spark master URL.
+    """
+    if _MASTER_URL.fullmatch(master) is None:
+        raise ReportError(
+            f"not a Spark master URL: {master!r} (expected local[N], local[*], "
+            "spark://HOST:PORT, yarn, k8s://URL, ...)"
+        )
+
+
 def local_defaults(master: str) -> dict[str, str]:
     """Settings for a single-machine run: few shuffle partitions, no web UI.
 
@@ -97,6 +115,8 @@ def create_session(
     Raises:
         ReportError: No Java runtime, or the JVM failed to start.
     """
+    if master is not None:
+        check_master(master)
     check_java()
     settings: dict[str, str] = {
         # The report's wide aggregation trips the plan-printing limit and its warning.
@@ -114,7 +134,8 @@ def create_session(
     try:
         spark = builder.getOrCreate()
     except Exception as exc:
-        raise ReportError(f"cannot start Spark: {describe_spark_error(exc)}") from exc
+        reason = describe_spark_error(exc)
+        raise ReportError(f"cannot start Spark (check --master and --conf): {reason}") from exc
     context = spark.sparkContext
     context.setLogLevel(LOG_LEVEL)
     running_master = str(context.master)

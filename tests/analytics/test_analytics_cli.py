@@ -1,0 +1,230 @@
+"""``purgatory-report`` on bad input and environments: one line on stderr, non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import purgatory_aio.analytics.cli as cli
+from purgatory_aio.analytics.cli import main
+from purgatory_aio.analytics.errors import JAVA_MISSING
+from purgatory_aio.analytics.inputs import load_events
+from purgatory_aio.eventlog import arrow_schema
+from purgatory_aio.events import COLUMNS, OperationEvent
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI_FILE = ROOT / "purgatory_aio" / "analytics" / "cli.py"
+
+EVENT = OperationEvent("fetch", "FetchOp", 1, ["t-0"], 100.0, 100.5, 100.1, "completed", None)
+
+
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("purgatory-report: error: ")
+    assert "Traceback" not in err
+    assert "at org.apache" not in err
+    return lines[0]
+
+
+def write_parquet(path: Path, rows: list[dict[str, Any]], schema: Any = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+
+
+def write_jsonl(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], spark: Any, events: Path, out: Path) -> str:
+    assert main([str(events), "--out", str(out)], spark=spark) == 1
+    return error_line(capsys)
+
+
+def test_missing_directory(capsys, tmp_path: Path) -> None:
+    status = main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
+    assert status == 1
+    assert "events directory not found" in error_line(capsys)
+
+
+def test_directory_without_event_files(capsys, tmp_path: Path) -> None:
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "notes.txt").write_text("hello")
+    (tmp_path / "events" / ".events-x.parquet.tmp").write_bytes(b"partial")
+    status = main([str(tmp_path / "events"), "--out", str(tmp_path / "out")])
+    assert status == 1
+    assert "no event files" in error_line(capsys)
+
+
+def test_corrupt_parquet_file(capsys, tmp_path: Path) -> None:
+    write_parquet(tmp_path / "events" / "good.parquet", [EVENT.as_dict()], arrow_schema())
+    (tmp_path / "events" / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    status = main([str(tmp_path / "events"), "--out", str(tmp_path / "out")])
+    assert status == 1
+    line = error_line(capsys)
+    assert "corrupt Parquet file" in line
+    assert "bad.parquet" in line
+
+
+def test_parquet_file_missing_columns(capsys, tmp_path: Path) -> None:
+    row = {k: v for k, v in EVENT.as_dict().items() if k not in ("settled_at", "outcome")}
+    write_parquet(tmp_path / "events" / "part.parquet", [row])
+    status = main([str(tmp_path / "events"), "--out", str(tmp_path / "out")])
+    assert status == 1
+    assert "lacks column(s): settled_at, outcome" in error_line(capsys)
+
+
+def test_parquet_file_with_a_wrong_column_type(capsys, tmp_path: Path) -> None:
+    row = {**EVENT.as_dict(), "op_id": "one"}
+    write_parquet(tmp_path / "events" / "part.parquet", [row])
+    assert main([str(tmp_path / "events"), "--out", str(tmp_path / "out")]) == 1
+    assert "column op_id has type string, expected int64" in error_line(capsys)
+
+
+@pytest.mark.spark
+def test_parquet_file_with_corrupt_data_pages(
+    capsys, spark: Any, tmp_path: Path, events: list[OperationEvent]
+) -> None:
+    path = tmp_path / "events" / "x.parquet"
+    write_parquet(path, [e.as_dict() for e in events], arrow_schema())
+    data = bytearray(path.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    for offset in range(4, len(data) - footer, 5):
+        data[offset] ^= 0xA5
+    path.write_bytes(bytes(data))
+    pq.read_schema(path)  # the footer survives: only Spark's read can find the damage
+    line = run_cli(capsys, spark, tmp_path / "events", tmp_path / "out")
+    assert "Spark job failed" in line
+    assert "x.parquet" in line
+
+
+@pytest.mark.spark
+def test_jsonl_missing_columns(capsys, spark: Any, tmp_path: Path) -> None:
+    row = {k: v for k, v in EVENT.as_dict().items() if k != "settled_at"}
+    write_jsonl(tmp_path / "events" / "a.jsonl", [json.dumps(row)] * 3)
+    line = run_cli(capsys, spark, tmp_path / "events", tmp_path / "out")
+    assert "lack required column(s) settled_at" in line
+    assert "a.jsonl" in line
+
+
+@pytest.mark.spark
+def test_corrupt_jsonl_file(capsys, spark: Any, tmp_path: Path) -> None:
+    good = json.dumps(EVENT.as_dict())
+    write_jsonl(tmp_path / "events" / "a.jsonl", [good, '{"purgatory": "fetch", "op_ty'])
+    line = run_cli(capsys, spark, tmp_path / "events", tmp_path / "out")
+    assert "not valid event JSON" in line
+    assert "a.jsonl" in line
+
+
+@pytest.mark.spark
+def test_unknown_outcome(capsys, spark: Any, tmp_path: Path) -> None:
+    write_jsonl(
+        tmp_path / "events" / "a.jsonl", [json.dumps({**EVENT.as_dict(), "outcome": "lost"})]
+    )
+    assert "unknown outcome such as 'lost'" in run_cli(
+        capsys, spark, tmp_path / "events", tmp_path / "out"
+    )
+
+
+@pytest.mark.spark
+def test_event_files_without_events(capsys, spark: Any, tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "events" / "a.jsonl", [])
+    assert "hold no events" in run_cli(capsys, spark, tmp_path / "events", tmp_path / "out")
+
+
+@pytest.mark.spark
+def test_parquet_and_jsonl_mixed_in_nested_directories(spark: Any, tmp_path: Path) -> None:
+    write_parquet(tmp_path / "events" / "a" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+    second = EVENT._replace(op_id=2, outcome="expired", settled_at=100.6)
+    write_jsonl(tmp_path / "events" / "b" / "c" / "y.jsonl", [json.dumps(second.as_dict())])
+    (tmp_path / "events" / "_SUCCESS").write_text("")
+    frame, count = load_events(spark, str(tmp_path / "events"))
+    assert count == 2
+    assert sorted(r["outcome"] for r in frame.collect()) == ["completed", "expired"]
+    assert tuple(frame.columns) == COLUMNS
+
+
+def test_no_java_says_how_to_install_it(capsys, tmp_path: Path, monkeypatch) -> None:
+    write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    assert main([str(tmp_path / "events"), "--out", str(tmp_path / "out")]) == 1
+    line = error_line(capsys)
+    assert JAVA_MISSING in line
+    assert "apt-get install openjdk-17-jre-headless" in line
+    assert "JAVA_HOME" in line
+
+
+def test_java_home_without_java(capsys, tmp_path: Path, monkeypatch) -> None:
+    write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert main([str(tmp_path / "events"), "--out", str(tmp_path / "out")]) == 1
+    assert "holds no bin/java" in error_line(capsys)
+
+
+def test_missing_pyspark_says_which_extra_to_install(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"
+        "from purgatory_aio.analytics.cli import main\n"
+        f"raise SystemExit(main([{str(tmp_path)!r}, '--out', {str(tmp_path / 'out')!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        done.stderr.strip(),
+    ]
+    assert "pip install 'purgatory-aio[spark]'" in done.stderr
+
+
+def test_bad_master_url(capsys, tmp_path: Path) -> None:
+    write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+    assert main([str(tmp_path / "events"), "--out", str(tmp_path / "out"), "--master", "foo"]) == 1
+    assert "not a Spark master URL: 'foo'" in error_line(capsys)
+
+
+def test_usage_error_exits_2(capsys) -> None:
+    assert main(["events-only"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_bad_conf_exits_2(capsys, tmp_path: Path) -> None:
+    assert main([str(tmp_path), "--out", str(tmp_path), "--conf", "novalue"]) == 2
+
+
+def test_cli_file_runs_as_a_script_for_spark_submit() -> None:
+    done = subprocess.run(
+        [sys.executable, str(CLI_FILE), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=CLI_FILE.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "EVENTS_DIR" in done.stdout
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "purgatory-report"
+    assert script.exists() or shutil.which("purgatory-report")
+
+
+def test_columns_of_the_cli_schema_match_the_event_schema() -> None:
+    assert tuple(arrow_schema().names) == COLUMNS
+    assert cli.PROG == "purgatory-report"
+    assert os.sep not in cli.PROG

@@ -1,0 +1,225 @@
+"""The report's figures against the same figures computed in plain Python."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from eventlog_reference import (
+    by_group,
+    key_counts,
+    latencies,
+    lateness,
+    per_second,
+    rank_bounds,
+    would_expire,
+)
+
+from purgatory_aio.analytics.cli import main
+from purgatory_aio.analytics.metrics import (
+    HEADLINE_QUANTILES,
+    RANK_ERROR,
+    WHATIF_FRACTIONS,
+)
+from purgatory_aio.analytics.model import SUMMARY_KEYS
+from purgatory_aio.analytics.render import NOT_JUDGEABLE
+from purgatory_aio.events import OUTCOMES, OperationEvent
+
+pytestmark = pytest.mark.spark
+
+TOP_KEYS = 5
+Events = list[OperationEvent]
+
+
+@pytest.fixture(scope="module")
+def out_dir(spark: Any, event_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    status = main([str(event_log), "--out", str(out), "--top-keys", str(TOP_KEYS)], spark=spark)
+    assert status == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def summary(out_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    rows = json.loads((out_dir / "summary.json").read_text())
+    return {(row["purgatory"], row["op_type"]): row for row in rows}
+
+
+def table(out_dir: Path, name: str) -> list[dict[str, Any]]:
+    return pq.read_table(out_dir / "tables" / name).to_pylist()
+
+
+def test_summary_has_one_entry_per_purgatory_and_op_type(summary, events: Events) -> None:
+    assert set(summary) == set(by_group(events))
+
+
+def test_summary_json_has_the_required_keys_first(out_dir: Path) -> None:
+    for row in json.loads((out_dir / "summary.json").read_text()):
+        assert tuple(row)[: len(SUMMARY_KEYS)] == SUMMARY_KEYS
+
+
+def test_outcome_counts_are_exact(summary, events: Events) -> None:
+    for group, members in by_group(events).items():
+        row = summary[group]
+        assert row["count"] == len(members)
+        for outcome in OUTCOMES:
+            assert row[outcome] == sum(e.outcome == outcome for e in members), outcome
+        expired = sum(e.outcome == "expired" for e in members)
+        assert row["expiry_ratio"] == pytest.approx(expired / len(members))
+
+
+def test_the_test_log_has_every_outcome_and_unwatched_operations(events: Events) -> None:
+    assert {e.outcome for e in events} == set(OUTCOMES)
+    assert any(not e.keys for e in events)
+
+
+@pytest.mark.parametrize("name", sorted(HEADLINE_QUANTILES))
+def test_latency_percentiles_are_within_the_documented_rank_error(
+    summary, events: Events, name: str
+) -> None:
+    quantile = HEADLINE_QUANTILES[name]
+    for group, members in by_group(events).items():
+        values = latencies(members)
+        reported = summary[group][f"latency_{name}"]
+        low, high = rank_bounds(values, quantile, RANK_ERROR)
+        assert low <= reported <= high, (group, name)
+        assert reported in values  # percentile_approx returns an observed value
+
+
+def test_latency_mean_and_max_are_exact(summary, events: Events) -> None:
+    for group, members in by_group(events).items():
+        values = latencies(members)
+        assert summary[group]["latency_max"] == max(values)
+        assert summary[group]["latency_mean"] == pytest.approx(sum(values) / len(values))
+
+
+@pytest.mark.parametrize(("key", "quantile"), [("lateness_p50", 0.5), ("lateness_p99", 0.99)])
+def test_lateness_percentiles_are_within_the_documented_rank_error(
+    summary, events: Events, key: str, quantile: float
+) -> None:
+    for group, members in by_group(events).items():
+        values = lateness(members)
+        low, high = rank_bounds(values, quantile, RANK_ERROR)
+        assert low <= summary[group][key] <= high, group
+        assert summary[group]["lateness_max"] == max(values)
+
+
+def test_latency_quantiles_table_holds_the_headline_percentiles(out_dir: Path, summary) -> None:
+    rows = table(out_dir, "latency_quantiles")
+    for (purgatory, op_type), row in summary.items():
+        curve = {
+            r["quantile"]: r["latency_s"]
+            for r in rows
+            if (r["purgatory"], r["op_type"]) == (purgatory, op_type)
+        }
+        assert curve[0.5] == row["latency_p50"]
+        assert curve[0.99] == row["latency_p99"]
+        assert list(curve.values()) == sorted(curve.values())
+
+
+def test_throughput_matches_plain_python(out_dir: Path, summary, events: Events) -> None:
+    rows = table(out_dir, "throughput")
+    for group, members in by_group(events).items():
+        expected = per_second(members)
+        found = {r["second"]: r["settled"] for r in rows if (r["purgatory"], r["op_type"]) == group}
+        assert found == expected
+        active = max(expected) - min(expected) + 1
+        assert summary[group]["active_seconds"] == active
+        assert summary[group]["throughput_per_s"] == pytest.approx(len(members) / active)
+        assert summary[group]["peak_per_s"] == max(expected.values())
+
+
+def test_hot_keys_match_plain_python(out_dir: Path, events: Events) -> None:
+    rows = table(out_dir, "hot_keys")
+    for group, members in by_group(events).items():
+        found = sorted(
+            (r["rank"], r["key"], r["watched"], r["expired"])
+            for r in rows
+            if (r["purgatory"], r["op_type"]) == group
+        )
+        expected = [(rank, *entry) for rank, entry in enumerate(key_counts(members), start=1)]
+        assert found == expected
+
+
+def test_report_lists_the_top_keys(out_dir: Path, events: Events) -> None:
+    text = (out_dir / "report.md").read_text()
+    for members in by_group(events).values():
+        ranked = key_counts(members)
+        assert f"| {TOP_KEYS} | `{ranked[TOP_KEYS - 1][0]}` |" in text
+        assert f"\n| {TOP_KEYS + 1} | `" not in text
+
+
+def test_whatif_shares_match_plain_python(out_dir: Path, events: Events) -> None:
+    rows = table(out_dir, "whatif")
+    for group, members in by_group(events).items():
+        judged = sum(e.outcome in ("completed", "expired") for e in members)
+        found = {r["timeout_fraction"]: r for r in rows if (r["purgatory"], r["op_type"]) == group}
+        assert sorted(found) == list(WHATIF_FRACTIONS)
+        for fraction, row in found.items():
+            expected = would_expire(members, fraction)
+            assert row["judged"] == judged
+            assert row["would_expire"] == expected, (group, fraction)
+            assert row["share"] == pytest.approx(expected / judged)
+
+
+def test_whatif_at_the_used_timeout_is_the_observed_expiry_share(out_dir: Path, summary) -> None:
+    for row in table(out_dir, "whatif"):
+        if row["timeout_fraction"] == 1.0:
+            entry = summary[(row["purgatory"], row["op_type"])]
+            assert row["would_expire"] == entry["expired"]
+
+
+def test_whatif_candidates_are_shorter_than_the_used_timeout(out_dir: Path) -> None:
+    for row in table(out_dir, "whatif"):
+        assert row["candidate_timeout_s"] <= row["timeout_used_s"] * (1 + 1e-9)
+
+
+def test_report_says_longer_timeouts_cannot_be_judged(out_dir: Path) -> None:
+    assert NOT_JUDGEABLE in (out_dir / "report.md").read_text()
+
+
+def test_report_states_the_percentile_error_bound(out_dir: Path) -> None:
+    text = (out_dir / "report.md").read_text()
+    assert "percentile_approx" in text
+    assert "accuracy 10,000" in text
+
+
+@pytest.mark.parametrize("chart", ["latency", "expirations", "whatif", "throughput"])
+def test_report_md_references_each_png_chart(out_dir: Path, chart: str) -> None:
+    png = out_dir / "charts" / f"{chart}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"](charts/{chart}.png)" in (out_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "name", ["summary", "latency_quantiles", "throughput", "hot_keys", "whatif"]
+)
+def test_full_tables_are_written_as_parquet(out_dir: Path, name: str) -> None:
+    assert table(out_dir, name)
+
+
+def test_summary_table_matches_summary_json(out_dir: Path, summary) -> None:
+    for row in table(out_dir, "summary"):
+        entry = summary[(row["purgatory"], row["op_type"])]
+        assert {key: row[key] for key in entry} == entry
+
+
+def test_undefined_figures_are_null(spark: Any, tmp_path: Path) -> None:
+    only_cancelled = [
+        OperationEvent("p", "Op", n, ["k"], 10.0 + n, 11.0 + n, 10.5 + n, "cancelled", None)
+        for n in range(3)
+    ]
+    from eventlog_reference import write_log
+
+    write_log(tmp_path / "events", only_cancelled)
+    assert main([str(tmp_path / "events"), "--out", str(tmp_path / "out")], spark=spark) == 0
+    (row,) = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert row["cancelled"] == 3
+    assert row["latency_p50"] is None
+    assert row["latency_p99"] is None
+    assert row["lateness_p99"] is None
+    assert math.isclose(row["expiry_ratio"], 0.0)
