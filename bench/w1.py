@@ -1,0 +1,617 @@
+"""W1 and W1-check: purgatory throughput, Kafka's TestPurgatoryPerformance model.
+
+One schedule (per-operation latency and keys, plus Poisson arrival offsets in
+open loop) is generated once from the seed and replayed against every
+contender. One driver coroutine, identical for all of them, enqueues operations
+and completes them at ``enqueue time + latency`` from a heap it owns; the
+operations whose latency reaches the timeout are left to expire.
+
+Closed loop (``--rate 0``) enqueues in batches of ``batch`` operations as fast as
+the loop allows, yielding to the loop between batches (so the reaper, timers and
+completions run), and never holds more than ``inflight`` operations outstanding:
+that window bounds memory at a million operations and, when it binds, makes
+contenders scan watch lists of the same length (W1-check).
+
+Besides the two contenders a third, ``harness``, runs the same driver with no
+purgatory at all; its CPU time is the driver's share, reported so the net cost
+of each contender can be read off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import time
+from collections.abc import Hashable
+from dataclasses import asdict, dataclass, replace
+from heapq import heappop, heappush
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, cast
+
+from purgatory_aio import DelayedOperation, Purgatory
+
+from ._common import (
+    Meter,
+    Progress,
+    Record,
+    Settlements,
+    Ticker,
+    alternate,
+    fmt,
+    fmt_ratio,
+    goal,
+    lateness_summary,
+    make_record,
+    median_run,
+    quiesced,
+    ratio,
+    rss_bytes,
+    run_on,
+    write_record,
+)
+from .baselines import NaiveFutures, NaiveWaiter
+
+_monotonic = time.monotonic
+
+CONTENDERS = ("harness", "purgatory", "naive-futures")
+
+
+@dataclass(frozen=True, slots=True)
+class W1Params:
+    n: int = 1_000_000
+    rate: float = 0.0  # arrivals per second; 0 = closed loop
+    inflight: int = 100_000  # closed loop: most operations outstanding at once
+    batch: int = 256  # closed loop: operations enqueued between two yields to the loop
+    keys_per_op: int = 3
+    key_space: int = 100
+    pct50: float = 0.020
+    pct75: float = 0.050
+    timeout: float = 0.200
+    seed: int = 1
+    check: bool = False  # W1-check: complete through check_and_complete(key)
+    repeat: int = 1
+
+    @property
+    def workload(self) -> str:
+        return "w1-check" if self.check else "w1"
+
+
+# -- the schedule ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    latencies: list[float]
+    keys: list[tuple[int, ...]]
+    arrivals: list[float] | None  # offsets from the start, open loop only
+
+
+# Generated once per process and sliced: a schedule of n operations is the first n of
+# any longer one with the same seed, so runs of different sizes replay the same prefix.
+_POOL: dict[tuple[object, ...], tuple[list[float], list[tuple[int, ...]]]] = {}
+_UNIT_ARRIVALS: dict[int, list[float]] = {}
+
+
+def _latencies_and_keys(
+    n: int, seed: int, keys_per_op: int, key_space: int, pct50: float, pct75: float
+) -> tuple[list[float], list[tuple[int, ...]]]:
+    pool_key = (seed, keys_per_op, key_space, pct50, pct75)
+    cached = _POOL.get(pool_key)
+    if cached is not None and len(cached[0]) >= n:
+        return cached[0][:n], cached[1][:n]
+    mu = math.log(pct50)
+    sigma = (math.log(pct75) - mu) / 0.67449  # z of the 75th percentile
+    lognormal = random.Random(seed).lognormvariate
+    latencies = [lognormal(mu, sigma) for _ in range(n)]
+    uniform = random.Random(seed + 1).random
+    keys: list[tuple[int, ...]] = []
+    for _ in range(n):
+        chosen: list[int] = []
+        while len(chosen) < keys_per_op:  # distinct keys, uniform over the key space
+            key = int(uniform() * key_space)
+            if key not in chosen:
+                chosen.append(key)
+        keys.append(tuple(chosen))
+    _POOL.clear()  # keep one pool: at a million operations it is ~100 MB
+    _POOL[pool_key] = (latencies, keys)
+    return latencies, keys
+
+
+def _arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Poisson arrival offsets: unit-rate exponential gaps, scaled to ``rate``."""
+    unit = _UNIT_ARRIVALS.get(seed)
+    if unit is None or len(unit) < n:
+        gap = random.Random(seed + 2).expovariate
+        t = 0.0
+        unit = []
+        for _ in range(n):
+            t += gap(1.0)
+            unit.append(t)
+        _UNIT_ARRIVALS.clear()
+        _UNIT_ARRIVALS[seed] = unit
+    scale = 1.0 / rate
+    return [t * scale for t in unit[:n]]
+
+
+def make_schedule(params: W1Params) -> Schedule:
+    latencies, keys = _latencies_and_keys(
+        params.n, params.seed, params.keys_per_op, params.key_space, params.pct50, params.pct75
+    )
+    arrivals = _arrivals(params.n, params.rate, params.seed) if params.rate > 0 else None
+    return Schedule(latencies, keys, arrivals)
+
+
+# -- contenders -----------------------------------------------------------------------------
+
+
+class Contender(Protocol):
+    name: str
+
+    async def start(self, settlements: Settlements) -> None: ...
+
+    async def enqueue(self, start: int, stop: int) -> list[Any]: ...
+
+    def complete(self, token: Any, index: int) -> None: ...
+
+    async def finish(self) -> Record: ...
+
+
+class W1Op(DelayedOperation[None]):
+    """Completed only by ``force_complete`` (W1), as in Kafka's tool."""
+
+    __slots__ = ()
+    settlements: ClassVar[Settlements]
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_complete(self) -> None:
+        if self.expired:
+            self.settlements.expired_one(_monotonic() - cast(float, self.deadline))
+        else:
+            self.settlements.completed_one()
+
+
+class W1CheckOp(DelayedOperation[None]):
+    """Completed when ``check_and_complete`` finds its flag set (W1-check)."""
+
+    __slots__ = ("ready",)
+    settlements: ClassVar[Settlements]
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.ready = False
+
+    def try_complete(self) -> bool:
+        return self.ready and self.force_complete()
+
+    def on_complete(self) -> None:
+        if self.expired:
+            self.settlements.expired_one(_monotonic() - cast(float, self.deadline))
+        else:
+            self.settlements.completed_one()
+
+
+class PurgatoryContender:
+    name = "purgatory"
+
+    def __init__(self, schedule: Schedule, params: W1Params) -> None:
+        self._keys = schedule.keys
+        self._timeout = params.timeout
+        self._check = params.check
+        self._purgatory = Purgatory("bench-w1")
+
+    async def start(self, settlements: Settlements) -> None:
+        W1Op.settlements = settlements
+        W1CheckOp.settlements = settlements
+        await self._purgatory.__aenter__()
+        if self._check:
+            self.complete = self._complete_by_check  # type: ignore[method-assign]
+
+    async def enqueue(self, start: int, stop: int) -> list[Any]:
+        watch = self._purgatory.try_complete_else_watch
+        keys = self._keys
+        timeout = self._timeout
+        make = W1CheckOp if self._check else W1Op
+        ops: list[Any] = []
+        append = ops.append
+        for index in range(start, stop):
+            op = make(timeout)
+            await watch(op, keys[index])
+            append(op)
+        return ops
+
+    def complete(self, token: Any, index: int) -> None:
+        token.force_complete()
+
+    def _complete_by_check(self, token: Any, index: int) -> None:
+        token.ready = True
+        self._purgatory.check_and_complete(self._keys[index][0])
+
+    def watched(self) -> int:
+        return self._purgatory.watched
+
+    async def finish(self) -> Record:
+        p = self._purgatory
+        stats = p.stats()
+        leftover = p.num_delayed
+        await p.shutdown()
+        return {
+            "left_pending": leftover,
+            "stats_completed": stats.completed,
+            "stats_expired": stats.expired,
+            "purged": stats.purged,
+            # Diagnostics only (reaper passes), read without relying on the private name.
+            "timer_wakeups": getattr(getattr(p, "_timer", None), "wakeups", None),
+        }
+
+
+class NaiveContender:
+    name = "naive-futures"
+
+    def __init__(self, schedule: Schedule, params: W1Params) -> None:
+        self._keys: list[tuple[Hashable, ...]] = schedule.keys  # type: ignore[assignment]
+        self._timeout = params.timeout
+        self._check = params.check
+        self._naive: NaiveFutures | None = None
+
+    async def start(self, settlements: Settlements) -> None:
+        self._naive = NaiveFutures(settlements)
+        if self._check:
+            self.complete = self._complete_by_check  # type: ignore[method-assign]
+
+    async def enqueue(self, start: int, stop: int) -> list[Any]:
+        assert self._naive is not None
+        watch = self._naive.watch
+        keys = self._keys
+        timeout = self._timeout
+        return [watch(keys[index], timeout) for index in range(start, stop)]
+
+    def complete(self, token: Any, index: int) -> None:
+        assert self._naive is not None
+        self._naive.complete(token)
+
+    def _complete_by_check(self, token: NaiveWaiter, index: int) -> None:
+        assert self._naive is not None
+        token.ready = True
+        self._naive.complete_ready(self._keys[index][0])
+
+    def watched(self) -> int:
+        assert self._naive is not None
+        return sum(len(s) for s in self._naive.watchers.values())
+
+    async def finish(self) -> Record:
+        assert self._naive is not None
+        return {"left_pending": self._naive.cancel_all()}
+
+
+class HarnessContender:
+    """The driver alone: operations settle with no purgatory and no timer."""
+
+    name = "harness"
+
+    def __init__(self, schedule: Schedule, params: W1Params) -> None:
+        self._latencies = schedule.latencies
+        self._timeout = params.timeout
+        self._settlements: Settlements | None = None
+
+    async def start(self, settlements: Settlements) -> None:
+        self._settlements = settlements
+
+    async def enqueue(self, start: int, stop: int) -> list[Any]:
+        settlements = self._settlements
+        assert settlements is not None
+        latencies = self._latencies
+        timeout = self._timeout
+        for index in range(start, stop):
+            if latencies[index] >= timeout:
+                settlements.expired_one(0.0)
+        return list(range(start, stop))
+
+    def complete(self, token: Any, index: int) -> None:
+        assert self._settlements is not None
+        self._settlements.completed_one()
+
+    def watched(self) -> int:
+        return 0
+
+    async def finish(self) -> Record:
+        return {"left_pending": 0}
+
+
+_FACTORIES: dict[str, type[PurgatoryContender | NaiveContender | HarnessContender]] = {
+    "purgatory": PurgatoryContender,
+    "naive-futures": NaiveContender,
+    "harness": HarnessContender,
+}
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+async def drive(
+    contender: Any, schedule: Schedule, params: W1Params, settlements: Settlements, ticker: Ticker
+) -> Record:
+    """Replay ``schedule`` against ``contender`` until every operation settled."""
+    latencies = schedule.latencies
+    arrivals = schedule.arrivals
+    n = len(latencies)
+    closed = arrivals is None
+    timeout = params.timeout
+    cap = params.inflight
+    batch = params.batch
+    enqueue = contender.enqueue
+    complete = contender.complete
+    sleep = asyncio.sleep
+    loop = asyncio.get_running_loop()
+    grain = loop_granularity(loop)
+    heap: list[tuple[float, int, Any]] = []
+    i = 0
+    t0 = _monotonic()
+    enqueued_at = t0
+    rss0 = rss_peak = rss_bytes()
+    next_sample = t0
+    samples = inflight_sum = inflight_max = watched_sum = 0
+    while i < n or heap:
+        now = _monotonic()
+        while heap and heap[0][0] <= now:
+            _, index, token = heappop(heap)
+            complete(token, index)
+        stop = i
+        room = 0
+        if i < n:
+            if closed:
+                room = cap - (i - settlements.settled)
+                if room > 0:
+                    stop = min(n, i + batch, i + room)
+            else:
+                limit = min(n, i + batch)
+                assert arrivals is not None
+                while stop < limit and t0 + arrivals[stop] <= now:
+                    stop += 1
+        if stop > i:
+            tokens = await enqueue(i, stop)
+            index = i
+            for token in tokens:
+                latency = latencies[index]
+                if latency < timeout:
+                    heappush(heap, (now + latency, index, token))
+                index += 1
+            ticker.advance(stop - i)
+            room -= stop - i
+            i = stop
+            if i == n:
+                enqueued_at = _monotonic()
+        if now >= next_sample:
+            next_sample = now + 0.05
+            rss = rss_bytes()
+            rss_peak = max(rss_peak, rss)
+            inflight = i - settlements.settled
+            inflight_sum += inflight
+            inflight_max = max(inflight_max, inflight)
+            watched_sum += contender.watched()
+            samples += 1
+        if closed and i < n:
+            if room > 0:
+                await sleep(0)
+                continue
+            # Window full: sleep until a batch worth of room is free or a completion is due.
+            waiter = loop.create_future()
+            settlements.wake_when(i - cap + batch, waiter)
+            timer = None
+            if heap:
+                timer = loop.call_later(
+                    _timer_delay(heap[0][0] - _monotonic(), grain), _wake, waiter
+                )
+            await waiter
+            if timer is not None:
+                timer.cancel()
+            continue
+        # Open loop: sleep until the next arrival or completion.
+        wake = heap[0][0] if heap else math.inf
+        if i < n:
+            assert arrivals is not None
+            wake = min(wake, t0 + arrivals[i])
+        await sleep(_timer_delay(wake - _monotonic(), grain))
+    completions_done = _monotonic()
+    async with asyncio.timeout(timeout * 10 + 60):
+        await settlements.done
+    settled_at = _monotonic()
+    rss_peak = max(rss_peak, rss_bytes())
+    return {
+        "enqueue_s": enqueued_at - t0,
+        "settle_s": settled_at - t0,
+        "completions_s": completions_done - t0,
+        "rss_start_mb": rss0 / 2**20,
+        "rss_peak_mb": rss_peak / 2**20,
+        "rss_growth_mb": (rss_peak - rss0) / 2**20,
+        "inflight_mean": inflight_sum / samples if samples else 0.0,
+        "inflight_max": inflight_max,
+        "watched_mean": watched_sum / samples if samples else 0.0,
+    }
+
+
+def loop_granularity(loop: asyncio.AbstractEventLoop) -> float:
+    """uvloop rounds timer delays to the nearest millisecond, so a shorter sleep wakes
+    at once and a driver waiting for a sub-millisecond instant would spin."""
+    return 0.001 if type(loop).__module__.startswith("uvloop") else 0.0
+
+
+def _timer_delay(delay: float, grain: float) -> float:
+    if not delay > 0.0 or delay == math.inf:
+        return 0.0
+    return math.ceil(delay / grain) * grain if grain else delay
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def run_contender(
+    name: str, loop_name: str, params: W1Params, progress: Progress, label: str = ""
+) -> Record:
+    """One measured run of one contender on a fresh loop."""
+    schedule = make_schedule(params)
+    n = params.n
+
+    async def main() -> Record:
+        settlements = Settlements(n)
+        contender = _FACTORIES[name](schedule, params)
+        await contender.start(settlements)
+        description = f"{label or params.workload} {loop_name} {name}"
+        with progress.task(description, total=n) as ticker, Meter() as meter:
+            figures = await drive(contender, schedule, params, settlements, ticker)
+        extra = await contender.finish()
+        enqueue_s = figures.pop("enqueue_s")
+        return {
+            "contender": name,
+            "ops": n,
+            "completed": settlements.completed,
+            "expired": settlements.expired,
+            "settled": settlements.settled,
+            "wall_s": figures["settle_s"],
+            "cpu_s": meter.cpu_s,
+            "cpu_us_per_op": meter.cpu_s / n * 1e6,
+            "enqueue_rate": n / enqueue_s if enqueue_s > 0 else None,
+            "lateness": lateness_summary(settlements.lateness) if name != "harness" else None,
+            **figures,
+            **extra,
+        }
+
+    with quiesced():
+        return run_on(loop_name, main)
+
+
+# -- the workload ---------------------------------------------------------------------------
+
+
+def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> Record:
+    purg = best["purgatory"]
+    naive = best["naive-futures"]
+    harness = best["harness"]
+    for run in (purg, naive):
+        run["net_cpu_us_per_op"] = run["cpu_us_per_op"] - harness["cpu_us_per_op"]
+    ratios = {
+        "cpu_per_op naive/purgatory": ratio(naive["cpu_us_per_op"], purg["cpu_us_per_op"]),
+        "net_cpu_per_op naive/purgatory": ratio(
+            naive["net_cpu_us_per_op"], purg["net_cpu_us_per_op"]
+        ),
+        "enqueue_rate purgatory/naive": ratio(purg["enqueue_rate"], naive["enqueue_rate"]),
+        "settle_wall naive/purgatory": ratio(naive["wall_s"], purg["wall_s"]),
+        "rss_growth naive/purgatory": ratio(naive["rss_growth_mb"], purg["rss_growth_mb"]),
+    }
+    full = params.n >= 1_000_000 and params.rate == 0 and not params.check
+    note = "" if full else "indicative: the goal is stated for 1M ops, closed loop"
+    goals = []
+    if not params.check:
+        goals = [
+            goal(
+                "W1 purgatory CPU/op (closed loop, 1M)",
+                "<= 4 us/op",
+                purg["cpu_us_per_op"],
+                purg["cpu_us_per_op"] <= 4.0,
+                note + (" " if note else "") + f"net of harness {purg['net_cpu_us_per_op']:.2f}",
+            ),
+            goal(
+                "W1 naive-futures CPU / purgatory CPU",
+                ">= 3x",
+                ratios["cpu_per_op naive/purgatory"],
+                (ratios["cpu_per_op naive/purgatory"] or 0) >= 3.0,
+                note,
+            ),
+        ]
+    late_p = purg["lateness"] or {}
+    late_n = naive["lateness"] or {}
+    headline = [
+        (
+            "CPU us/op P | N | harness",
+            f"{fmt(purg['cpu_us_per_op'])} | "
+            f"{fmt(naive['cpu_us_per_op'])} | {fmt(harness['cpu_us_per_op'])}",
+        ),
+        (
+            "CPU naive/purgatory (net)",
+            f"{fmt_ratio(ratios['cpu_per_op naive/purgatory'])} "
+            f"({fmt_ratio(ratios['net_cpu_per_op naive/purgatory'])})",
+        ),
+        ("enqueue/s P | N", f"{fmt(purg['enqueue_rate'], 0)} | {fmt(naive['enqueue_rate'], 0)}"),
+        ("expiry late p99 ms P | N", f"{fmt(late_p.get('p99_ms'))} | {fmt(late_n.get('p99_ms'))}"),
+        ("completed/expired P", f"{purg['completed']}/{purg['expired']}"),
+    ]
+    return make_record(
+        params.workload,
+        loop_name,
+        asdict(params),
+        {"contenders": best},
+        ratios=ratios,
+        goals=goals,
+        headline=headline,
+    )
+
+
+def run(
+    params: W1Params, loops: list[str], progress: Progress, results_dir: Path | None
+) -> list[Record]:
+    progress.section(
+        f"{params.workload}: n={params.n:,} "
+        + (
+            f"rate={params.rate:,.0f}/s"
+            if params.rate
+            else f"closed loop, window {params.inflight:,}"
+        )
+    )
+    with progress.task("generating schedule"):
+        make_schedule(params)
+    records = []
+    for loop_name in loops:
+        runs = alternate(
+            CONTENDERS,
+            params.repeat,
+            lambda name, loop_name=loop_name: run_contender(name, loop_name, params, progress),  # type: ignore[misc]
+        )
+        best = {name: median_run(r, "cpu_s") for name, r in runs.items()}
+        for name, r in best.items():
+            if r["settled"] != params.n or r["left_pending"]:
+                raise RuntimeError(f"{name} left operations unsettled: {r}")
+        record = _build_record(loop_name, params, best)
+        for label, value in record["headline"]:
+            progress.result(f"{loop_name:8} {label}: {value}")
+        if results_dir is not None:
+            write_record(record, results_dir)
+        records.append(record)
+    return records
+
+
+def add_arguments(parser: argparse.ArgumentParser, check: bool) -> None:
+    parser.add_argument("--n", type=int, default=None, help="operations (default 1M; quick 100k)")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="Poisson arrivals per second; 0 = closed loop"
+    )
+    parser.add_argument(
+        "--inflight",
+        type=int,
+        default=None,
+        help="closed loop: most operations outstanding (default 100k; w1-check 2000)",
+    )
+    parser.add_argument("--batch", type=int, default=256, help="closed loop: ops per yield")
+    parser.add_argument("--timeout", type=float, default=0.2)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per contender (median)")
+
+
+def params_from_args(args: argparse.Namespace, check: bool) -> W1Params:
+    default_n = (
+        (50_000 if args.quick else 200_000) if check else (100_000 if args.quick else 1_000_000)
+    )
+    base = W1Params(check=check)
+    return replace(
+        base,
+        n=args.n or default_n,
+        rate=args.rate,
+        inflight=args.inflight or (2_000 if check else 100_000),
+        batch=args.batch,
+        timeout=args.timeout,
+        seed=args.seed,
+        repeat=args.repeat,
+    )

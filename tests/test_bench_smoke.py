@@ -1,0 +1,170 @@
+"""The benchmark suite runs end to end at tiny sizes, through the same code paths as
+``python -m bench``. Nothing here asserts a timing: only that every contender settles
+every operation and that the records have the shape the report relies on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from bench import __main__ as cli
+from bench import memory, report, sweep, w1, w2, w3, w4
+from bench._common import Progress, uvloop_version
+
+LOOPS = ["asyncio"] + (["uvloop"] if uvloop_version() else [])
+QUIET = Progress(quiet=True)
+RECORD_KEYS = {
+    "schema",
+    "workload",
+    "loop",
+    "date",
+    "params",
+    "env",
+    "results",
+    "ratios",
+    "goals",
+    "headline",
+}
+
+
+def assert_records(records: list[dict[str, Any]], workload: str, results_dir: Path) -> None:
+    assert [r["loop"] for r in records] == LOOPS
+    for record in records:
+        assert set(record) >= RECORD_KEYS
+        assert record["workload"] == workload
+        for key in ("python", "cpu_model", "cores", "git_commit", "load_avg"):
+            assert key in record["env"]
+        assert record["headline"], "every record has figures for SUMMARY.md"
+        for g in record["goals"]:
+            assert set(g) >= {"goal", "target", "value", "met"}
+    files = sorted(results_dir.glob(f"{workload}-*.json"))
+    assert len(files) == len(LOOPS)
+    for path in files:
+        assert json.loads(path.read_text())["workload"] == workload
+
+
+def test_w1_contenders_settle_every_operation(tmp_path: Path) -> None:
+    records = w1.run(w1.W1Params(n=2_000), LOOPS, QUIET, tmp_path)
+    assert_records(records, "w1", tmp_path)
+    for record in records:
+        contenders = record["results"]["contenders"]
+        assert set(contenders) == {"purgatory", "naive-futures", "harness"}
+        for run in contenders.values():
+            assert run["settled"] == run["completed"] + run["expired"] == 2_000
+            assert run["left_pending"] == 0
+        assert contenders["purgatory"]["lateness"]["early"] == 0
+
+
+def test_w1_check_completes_through_key_checks(tmp_path: Path) -> None:
+    params = w1.W1Params(n=2_000, check=True, inflight=500)
+    records = w1.run(params, LOOPS, QUIET, tmp_path)
+    assert_records(records, "w1-check", tmp_path)
+    for record in records:
+        for run in record["results"]["contenders"].values():
+            assert run["settled"] == 2_000
+            assert run["completed"] > 0
+            assert run["inflight_max"] <= 500
+
+
+def test_w1_open_loop_replays_poisson_arrivals(tmp_path: Path) -> None:
+    records = w1.run(w1.W1Params(n=2_000, rate=20_000.0), ["asyncio"], QUIET, None)
+    for run in records[0]["results"]["contenders"].values():
+        assert run["settled"] == 2_000
+    assert not list(tmp_path.iterdir())  # no results_dir: nothing written
+
+
+def test_w2_every_contender_completes_every_operation(tmp_path: Path) -> None:
+    records = w2.run(w2.W2Params(sizes=(100, 300), steps=5), LOOPS, QUIET, tmp_path)
+    assert_records(records, "w2", tmp_path)
+    for record in records:
+        for series in record["results"]["series"].values():
+            for rows in series.values():
+                for row in rows.values():
+                    assert row["settled"] == row["total"]
+                    assert row["completed_in_steps"] == row["inc"] * row["steps"]
+
+
+def test_w3_measures_both_timers_at_each_size(tmp_path: Path) -> None:
+    params = w3.W3Params(sizes=(1_000, 2_000), pairs=2_000, expire_spread=0.05)
+    records = w3.run(params, LOOPS, QUIET, tmp_path)
+    assert_records(records, "w3", tmp_path)
+    for record in records:
+        for name in ("timer", "call_later"):
+            for size, row in record["results"]["contenders"][name].items():
+                assert row["fired"] == int(size)
+                assert row["pending"] == int(size)
+                assert row["pairs"] == 2_000
+
+
+def test_w4_fires_every_timer_and_counts_idle_wakeups(tmp_path: Path) -> None:
+    params = w4.W4Params(timers=2_000, spread=0.1, idle=0.1, lead=0.05)
+    records = w4.run(params, LOOPS, QUIET, tmp_path)
+    assert_records(records, "w4", tmp_path)
+    for record in records:
+        timer = record["results"]["contenders"]["timer"]
+        assert timer["fired"] == 2_000
+        assert timer["pending_after"] == 0
+        assert timer["lateness"]["early"] == 0
+        assert "idle_wakeups" in timer
+
+
+def test_memory_measures_each_contender_in_a_subprocess(tmp_path: Path) -> None:
+    records = memory.run(memory.MemoryParams(sizes=(1_000,)), LOOPS, QUIET, tmp_path)
+    assert_records(records, "memory", tmp_path)
+    for record in records:
+        for rows in record["results"]["contenders"].values():
+            row = rows["1000"]
+            assert row["settled"] == 1_000
+            assert row["tracemalloc_bytes_per_op"] > 0
+
+
+def test_sweep_search_is_bounded(tmp_path: Path) -> None:
+    params = sweep.SweepParams(
+        start_rate=5_000.0, max_rate=10_000.0, duration=0.2, refine=1, budget_s=10.0
+    )
+    records = sweep.run(params, ["asyncio"], QUIET, tmp_path)
+    result = records[0]["results"]["contenders"]["purgatory"]
+    assert 1 <= len(result["trials"]) <= 6
+    for trial in result["trials"]:
+        assert trial["rate"] <= 10_000.0
+
+
+def test_report_builds_summary_and_charts_from_records(tmp_path: Path) -> None:
+    w1.run(w1.W1Params(n=1_000), ["asyncio"], QUIET, tmp_path)
+    w4.run(w4.W4Params(timers=500, spread=0.05, idle=0.05, lead=0.05), ["asyncio"], QUIET, tmp_path)
+    report.run(tmp_path, QUIET)
+    summary = (tmp_path / "SUMMARY.md").read_text()
+    assert "| w1 | asyncio |" in summary
+    assert "| w4 | asyncio |" in summary
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "w1_cpu_per_op.png").stat().st_size > 0
+    assert (tmp_path / "lateness.png").stat().st_size > 0
+
+
+@pytest.fixture
+def restore_structlog() -> Iterator[None]:
+    """The CLI configures structlog as an application does; other tests expect theirs."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_cli_runs_a_workload_and_reports(tmp_path: Path) -> None:
+    argv = ["w1", "--n", "1000", "--loop", "asyncio", "--plain", "--results-dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    assert (tmp_path / "SUMMARY.md").exists()
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_cli_explains_a_missing_delegated_module(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(cli.DELEGATED, "http", ("bench._no_such_module", "test"))
+    assert cli.main(["http", "--anything"]) == 2
+    assert "bench._no_such_module is not available" in capsys.readouterr().err
