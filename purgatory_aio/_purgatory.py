@@ -242,9 +242,12 @@ class Purgatory:
             else:
                 watch_list[op] = True
         op._keys = watch_keys
-        count = len(watch_keys)
-        self._watched += count
-        self._live += count
+        return self._try_again_else_time(op, len(watch_keys))
+
+    def _try_again_else_time(self, op: DelayedOperation[Any], entries: int) -> bool:
+        """``op`` now has ``entries`` watch entries: try it again, else add it to the timer."""
+        self._watched += entries
+        self._live += entries
         if op._state & ENDED:
             return False
         if op._safe_try_complete():
@@ -294,15 +297,7 @@ class Purgatory:
             index = self._thresholds[key] = ThresholdIndex()
         index.push(threshold, op)
         op._keys = ThresholdKeys((key,))
-        self._watched += 1
-        self._live += 1
-        if op._state & ENDED:
-            return False
-        if op._safe_try_complete():
-            return True
-        if not op._state & ENDED:
-            self._timer._add(op, op._deadline)
-        return False
+        return self._try_again_else_time(op, 1)
 
     def advance_key(self, key: Hashable, value: float) -> int:
         """The value watched under ``key`` reached ``value``: try exactly the operations

@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
+from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory, PurgatoryStats
 
@@ -61,6 +62,33 @@ class OperationCancelled(Exception):
 
     The framework modules raise subclasses that answer 503.
     """
+
+
+@contextmanager
+def translate_errors(
+    disconnected: type[ClientDisconnected],
+    cancelled: type[OperationCancelled],
+    unavailable: type[PurgatoryClosed],
+) -> Iterator[None]:
+    """Turn the errors of waiting into a framework's own HTTP exceptions.
+
+    Each framework module passes its subclasses (499, 503, 503), so a handler that
+    lets them through answers with the right status.
+    """
+    try:
+        yield
+    except ClientDisconnected as exc:
+        if isinstance(exc, disconnected):
+            raise
+        raise disconnected() from None
+    except OperationCancelled as exc:
+        if isinstance(exc, cancelled):
+            raise
+        raise cancelled(str(exc)) from None
+    except PurgatoryClosed as exc:
+        if isinstance(exc, unavailable):
+            raise
+        raise unavailable(str(exc)) from None
 
 
 class Purgatories:

@@ -22,6 +22,7 @@ goes away leaves nothing pending either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
@@ -86,6 +87,10 @@ class PurgatoryUnavailable(PurgatoryClosed, web.HTTPServiceUnavailable):
 
     def __init__(self, detail: str = "shutting down") -> None:
         web.HTTPServiceUnavailable.__init__(self, text=detail)
+
+
+def _http_errors() -> contextlib.AbstractContextManager[None]:
+    return _common.translate_errors(ClientDisconnected, OperationCancelled, PurgatoryUnavailable)
 
 
 # -- lifecycle ---------------------------------------------------------------------------------
@@ -246,16 +251,8 @@ async def watch_and_wait(
         OperationCancelled: (503) the application cancelled ``op``.
         PurgatoryUnavailable: (503) the purgatory is shut down.
     """
-    try:
+    with _http_errors():
         return await _common.watch_until_disconnected(purgatory, op, keys, on_disconnect(request))
-    except _common.ClientDisconnected:
-        raise ClientDisconnected() from None
-    except _common.OperationCancelled as exc:
-        raise OperationCancelled(str(exc)) from None
-    except PurgatoryClosed as exc:
-        if isinstance(exc, web.HTTPException):
-            raise
-        raise PurgatoryUnavailable(str(exc)) from None
 
 
 @asynccontextmanager
@@ -267,15 +264,9 @@ async def cancel_on_disconnect(request: web.Request) -> AsyncIterator[None]:
     A :class:`~purgatory_aio.PurgatoryClosed` from the block becomes
     :class:`PurgatoryUnavailable` (503).
     """
-    try:
+    with _http_errors():
         async with _common.cancel_on_disconnect(on_disconnect(request)):
             yield
-    except _common.ClientDisconnected:
-        raise ClientDisconnected() from None
-    except PurgatoryClosed as exc:
-        if isinstance(exc, web.HTTPException):
-            raise
-        raise PurgatoryUnavailable(str(exc)) from None
 
 
 # -- observability -----------------------------------------------------------------------------

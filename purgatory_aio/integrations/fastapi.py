@@ -21,6 +21,7 @@ nothing pending.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
@@ -89,6 +90,10 @@ class PurgatoryUnavailable(PurgatoryClosed, HTTPException):
 
     def __init__(self, detail: str = "shutting down") -> None:
         HTTPException.__init__(self, 503, detail)
+
+
+def _http_errors() -> contextlib.AbstractContextManager[None]:
+    return _common.translate_errors(ClientDisconnected, OperationCancelled, PurgatoryUnavailable)
 
 
 # -- lifecycle ---------------------------------------------------------------------------------
@@ -265,16 +270,8 @@ async def watch_and_wait(
         OperationCancelled: (503) the application cancelled ``op``.
         PurgatoryUnavailable: (503) the purgatory is shut down.
     """
-    try:
+    with _http_errors():
         return await _common.watch_until_disconnected(purgatory, op, keys, on_disconnect(request))
-    except _common.ClientDisconnected:
-        raise ClientDisconnected() from None
-    except _common.OperationCancelled as exc:
-        raise OperationCancelled(str(exc)) from None
-    except PurgatoryClosed as exc:
-        if isinstance(exc, HTTPException):
-            raise
-        raise PurgatoryUnavailable(str(exc)) from None
 
 
 @asynccontextmanager
@@ -286,15 +283,9 @@ async def cancel_on_disconnect(request: Request) -> AsyncIterator[None]:
     A :class:`~purgatory_aio.PurgatoryClosed` from the block becomes
     :class:`PurgatoryUnavailable` (503).
     """
-    try:
+    with _http_errors():
         async with _common.cancel_on_disconnect(on_disconnect(request)):
             yield
-    except _common.ClientDisconnected:
-        raise ClientDisconnected() from None
-    except PurgatoryClosed as exc:
-        if isinstance(exc, HTTPException):
-            raise
-        raise PurgatoryUnavailable(str(exc)) from None
 
 
 # -- observability -----------------------------------------------------------------------------
