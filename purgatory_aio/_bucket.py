@@ -1,7 +1,8 @@
 """A timer bucket: the entries of one wheel slot for one rotation.
 
-Entries live in an insertion-ordered dict used as a set, so adding and
-removing one is O(1) and the bucket needs no linked list of its own.
+Entries live in a set, so adding and removing one is O(1) and the bucket needs
+no linked list of its own. Their order is irrelevant: a level-0 bucket is sorted
+by deadline when it fires, and cascaded entries are simply placed again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Bucket:
     __slots__ = ("entries", "expiration", "level")
 
     def __init__(self, level: int) -> None:
-        self.entries: dict[TimerEntry, None] = {}
+        self.entries: set[TimerEntry] = set()
         self.expiration = -1
         self.level = level
 
