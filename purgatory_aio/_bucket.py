@@ -1,8 +1,9 @@
 """A timer bucket: the entries of one wheel slot for one rotation.
 
-Entries live in a set, so adding and removing one is O(1) and the bucket needs
-no linked list of its own. Their order is irrelevant: a level-0 bucket is sorted
-by deadline when it fires, and cascaded entries are simply placed again.
+Entries live in an insertion-ordered dict used as a set, so adding and
+removing one is O(1) and the bucket needs no linked list of its own. The order
+matters: entries with equal deadlines fire in the order they were added, which
+keeps runs on a ManualClock deterministic (a set would order them by address).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Bucket:
     __slots__ = ("entries", "expiration", "level")
 
     def __init__(self, level: int) -> None:
-        self.entries: set[TimerEntry] = set()
+        self.entries: dict[TimerEntry, None] = {}
         self.expiration = -1
         self.level = level
 

@@ -43,8 +43,6 @@ def run_callbacks(op: DelayedOperation[Any], purgatory: Purgatory | None) -> Non
             op._settle(exc, True)
         else:
             op._settle(result, False)
-        if purgatory is not None and purgatory._observed:
-            purgatory._on_settled(op)
         return
     offload = cls.offload_callbacks or (purgatory is not None and purgatory._offload)
     coro = _run_async(op, purgatory, offload)
@@ -77,16 +75,12 @@ async def _run_async(op: DelayedOperation[Any], purgatory: Purgatory | None, off
         # The callback task itself was cancelled (loop teardown): settle anyway so no
         # awaiter hangs, then let the cancellation proceed.
         op._settle(exc, True)
-        if purgatory is not None and purgatory._observed:
-            purgatory._on_settled(op)
         raise
     except Exception as exc:
         _failed(op, purgatory, exc, stage)
         op._settle(exc, True)
     else:
         op._settle(result, False)
-    if purgatory is not None and purgatory._observed:
-        purgatory._on_settled(op)
 
 
 def _failed(

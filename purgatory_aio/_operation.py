@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Generator, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from ._callbacks import run_callbacks
-from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SETTLED, SHUTDOWN
+from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SETTLED, SHUTDOWN, describe
 from ._timer import TimerEntry
 from ._validation import INF, check_seconds
 
@@ -256,6 +256,9 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._state |= SETTLED | FAILED if failed else SETTLED
         if self._waiter is not None:
             self._release()
+        purgatory = self._purgatory
+        if purgatory is not None and purgatory._observed:
+            purgatory._on_settled(self)
 
     def _release(self) -> None:
         waiter = self._waiter
@@ -287,17 +290,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         return self.result()
 
     def __repr__(self) -> str:
-        state = self._state
-        if state & CANCELLED:
-            status = "cancelled"
-        elif state & SHUTDOWN:
-            status = "shutdown"
-        elif state & EXPIRED:
-            status = "expired"
-        elif state & COMPLETED:
-            status = "completed"
-        else:
-            status = "pending"
+        status = describe(self._state)
         return f"<{type(self).__name__} {status} timeout={self._timeout}>"
 
 

@@ -26,7 +26,7 @@ from ._callbacks import run_callbacks
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import PurgatoryClosed
 from ._operation import DelayedOperation
-from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SHUTDOWN
+from ._states import COMPLETED, ENDED, FAILED, describe
 from ._threshold import ThresholdIndex, ThresholdKeys
 from ._timer import Timer
 from ._validation import check_finite, check_positive_int
@@ -228,9 +228,7 @@ class Purgatory:
         if _running_loop() is not self._loop:
             self._start()
         watch_keys = self._check_watch(op, keys)
-        op._deadline = self._clock.time() + op._timeout
-        op._purgatory = self
-        if op._safe_try_complete():
+        if self._begin(op):
             return True
         if op._state & ENDED:
             return False
@@ -243,6 +241,13 @@ class Purgatory:
                 watch_list[op] = True
         op._keys = watch_keys
         return self._try_again_else_time(op, len(watch_keys))
+
+    def _begin(self, op: DelayedOperation[Any]) -> bool:
+        """Hand a validated ``op`` to this purgatory and try it once; True if that
+        completed it. Its deadline counts from now."""
+        op._deadline = self._clock.time() + op._timeout
+        op._purgatory = self
+        return op._safe_try_complete()
 
     def _try_again_else_time(self, op: DelayedOperation[Any], entries: int) -> bool:
         """``op`` now has ``entries`` watch entries: try it again, else add it to the timer."""
@@ -286,9 +291,7 @@ class Purgatory:
         (key,) = self._check_watch(op, (key,))
         if _running_loop() is not self._loop:
             self._start()
-        op._deadline = self._clock.time() + op._timeout
-        op._purgatory = self
-        if op._safe_try_complete():
+        if self._begin(op):
             return True
         if op._state & ENDED:
             return False
@@ -511,7 +514,6 @@ class Purgatory:
             run_callbacks(op, self)
         else:
             op._settle(failure, True)
-            self._on_settled(op)
 
     def _on_expired(self, op: DelayedOperation[Any]) -> None:
         self._n_expired += 1
@@ -579,14 +581,7 @@ class Purgatory:
 
     def _emit(self, sink: EventSink, op: DelayedOperation[Any]) -> None:
         state = op._state
-        if state & CANCELLED:
-            outcome = "cancelled"
-        elif state & SHUTDOWN:
-            outcome = "shutdown"
-        elif state & EXPIRED:
-            outcome = "expired"
-        else:
-            outcome = "completed"
+        outcome = describe(state)
         error = None
         if state & FAILED:
             exc = op._outcome

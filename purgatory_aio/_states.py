@@ -11,3 +11,16 @@ SETTLED = 8  # outcome final, awaiters released
 FAILED = 16  # the outcome is an exception
 SHUTDOWN = 32  # completed by Purgatory.shutdown
 ENDED = COMPLETED | CANCELLED
+
+
+def describe(state: int) -> str:
+    """The outcome a state word stands for: the event log's ``outcome``, or pending."""
+    if state & CANCELLED:
+        return "cancelled"
+    if state & SHUTDOWN:
+        return "shutdown"
+    if state & EXPIRED:
+        return "expired"
+    if state & COMPLETED:
+        return "completed"
+    return "pending"

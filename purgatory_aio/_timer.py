@@ -263,7 +263,7 @@ class Timer:
             if tick_index < current:
                 tick_index = current
             bucket = wheel.buckets[tick_index % wheel.size]
-            bucket.entries.add(entry)
+            bucket.entries[entry] = None
             entry._bucket = bucket
             if bucket.expiration != tick_index:
                 self._queue(bucket, tick_index)
@@ -292,7 +292,7 @@ class Timer:
         wheel = self._level0
         if tick_index < wheel.current + wheel.size:
             bucket = wheel.buckets[tick_index % wheel.size]
-            bucket.entries.add(entry)
+            bucket.entries[entry] = None
             entry._bucket = bucket
             if bucket.expiration != tick_index:
                 self._queue(bucket, tick_index)
@@ -310,7 +310,7 @@ class Timer:
             if tick_index < wheel.current + wheel.interval:
                 slot = tick_index // wheel.tick
                 bucket = wheel.buckets[slot % wheel.size]
-                bucket.entries.add(entry)
+                bucket.entries[entry] = None
                 entry._bucket = bucket
                 expiration = slot * wheel.tick
                 if bucket.expiration != expiration:
@@ -342,7 +342,7 @@ class Timer:
     def _remove(self, entry: TimerEntry) -> None:
         """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
         bucket: Bucket = entry._bucket  # type: ignore[assignment]
-        bucket.entries.remove(entry)
+        del bucket.entries[entry]
         entry._bucket = None
         self._count -= 1
         # An emptied bucket stays queued: at worst the reaper wakes for it once and
@@ -357,7 +357,7 @@ class Timer:
         for bucket in [*buckets, *self._carries]:
             if bucket.entries:
                 entries.extend(bucket.entries)
-                bucket.entries = set()
+                bucket.entries = {}
             bucket.expiration = -1
         self._carries.clear()
         for entry in entries:
@@ -468,7 +468,7 @@ class Timer:
                     if carry is not None:
                         carried.append(carry)
                     continue
-                bucket.entries = set()
+                bucket.entries = {}
                 if bucket.level:
                     for entry in entries:
                         self._place(entry, expiration)
@@ -520,7 +520,7 @@ class Timer:
         lead = max(2 * self._levels[wheel.level - 1].tick * self._tick, len(entries) / 500_000)
         horizon = now + lead
         for entry in [entry for entry in entries if entry._deadline < horizon]:
-            entries.remove(entry)
+            del entries[entry]
             self._place(entry, expiration)
         if not entries:
             return None
@@ -532,7 +532,7 @@ class Timer:
         entries = carry.entries
         floor = self._level0.current
         for entry in list(islice(entries, CASCADE_CHUNK)):
-            entries.remove(entry)
+            del entries[entry]
             self._place(entry, floor)
         if not entries:
             self._carries.discard(carry)

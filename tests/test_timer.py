@@ -384,3 +384,13 @@ def test_never_early_and_at_most_one_tick_late(
         assert len(timer) == 0
 
     asyncio.run(scenario())
+
+
+async def test_equal_deadlines_fire_in_the_order_they_were_added() -> None:
+    clock = ManualClock()
+    timer = Timer(clock=clock)
+    fired = Recorder()
+    for i in range(200):
+        timer.call_at(0.0105, fired, i)
+    await clock.advance(0.02)
+    assert fired.calls == list(range(200))
