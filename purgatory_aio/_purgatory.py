@@ -222,35 +222,41 @@ class Purgatory:
         """
         return self._watch(op, keys)
 
-    def _watch(self, op: DelayedOperation[Any], keys: Iterable[Hashable]) -> bool:
+    def _watch(
+        self,
+        op: DelayedOperation[Any],
+        keys: Iterable[Hashable],
+        threshold: float | None = None,
+    ) -> bool:
+        """Kafka's try, watch, try again, time — for a watch list or a threshold index."""
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
         if _running_loop() is not self._loop:
             self._start()
         watch_keys = self._check_watch(op, keys)
-        if self._begin(op):
+        op._deadline = self._clock.time() + op._timeout
+        op._purgatory = self
+        if op._safe_try_complete():
             return True
         if op._state & ENDED:
             return False
-        watchers = self._watchers
-        for key in watch_keys:
-            watch_list = watchers.get(key)
-            if watch_list is None:
-                watchers[key] = {op: True}
-            else:
-                watch_list[op] = True
-        op._keys = watch_keys
-        return self._try_again_else_time(op, len(watch_keys))
-
-    def _begin(self, op: DelayedOperation[Any]) -> bool:
-        """Hand a validated ``op`` to this purgatory and try it once; True if that
-        completed it. Its deadline counts from now."""
-        op._deadline = self._clock.time() + op._timeout
-        op._purgatory = self
-        return op._safe_try_complete()
-
-    def _try_again_else_time(self, op: DelayedOperation[Any], entries: int) -> bool:
-        """``op`` now has ``entries`` watch entries: try it again, else add it to the timer."""
+        if threshold is None:
+            watchers = self._watchers
+            for key in watch_keys:
+                watch_list = watchers.get(key)
+                if watch_list is None:
+                    watchers[key] = {op: True}
+                else:
+                    watch_list[op] = True
+            op._keys = watch_keys
+            entries = len(watch_keys)
+        else:
+            index = self._thresholds.get(watch_keys[0])
+            if index is None:
+                index = self._thresholds[watch_keys[0]] = ThresholdIndex()
+            index.push(threshold, op)
+            op._keys = ThresholdKeys(watch_keys)
+            entries = 1
         self._watched += entries
         self._live += entries
         if op._state & ENDED:
@@ -285,22 +291,7 @@ class Purgatory:
         one that declines once its threshold is reached moves to the key's plain
         watch list, so general conditions keep working.
         """
-        if self._closed:
-            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
-        threshold = check_finite(threshold, "threshold")
-        (key,) = self._check_watch(op, (key,))
-        if _running_loop() is not self._loop:
-            self._start()
-        if self._begin(op):
-            return True
-        if op._state & ENDED:
-            return False
-        index = self._thresholds.get(key)
-        if index is None:
-            index = self._thresholds[key] = ThresholdIndex()
-        index.push(threshold, op)
-        op._keys = ThresholdKeys((key,))
-        return self._try_again_else_time(op, 1)
+        return self._watch(op, (key,), check_finite(threshold, "threshold"))
 
     def advance_key(self, key: Hashable, value: float) -> int:
         """The value watched under ``key`` reached ``value``: try exactly the operations
