@@ -279,6 +279,8 @@ class Timer:
         """
         if self._reaper is None:
             self._start()
+        elif asyncio._get_running_loop() is not self._loop:
+            raise RuntimeError("this Timer belongs to another event loop (or thread)")
         if self._heap:
             self._reset_queue()
         now_tick = int(self._clock.time() // self._tick)

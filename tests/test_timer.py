@@ -394,3 +394,15 @@ async def test_equal_deadlines_fire_in_the_order_they_were_added() -> None:
         timer.call_at(0.0105, fired, i)
     await clock.advance(0.02)
     assert fired.calls == list(range(200))
+
+
+def test_a_timer_refuses_a_second_event_loop() -> None:
+    timer = Timer()
+
+    async def schedule() -> None:
+        timer.call_later(0, lambda: None)
+        await asyncio.sleep(0.01)
+
+    asyncio.run(schedule())
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(schedule())
