@@ -46,6 +46,25 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plain", action="store_true", help="plain progress lines, no rich")
 
 
+_WORKLOADS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    (
+        "w1",
+        "purgatory throughput, completion by force_complete",
+        lambda p: w1.add_arguments(p, check=False),
+    ),
+    (
+        "w1-check",
+        "W1 with completion through check_and_complete(key)",
+        lambda p: w1.add_arguments(p, check=True),
+    ),
+    ("w2", "hot key: watch list vs threshold index vs naive", w2.add_arguments),
+    ("w3", "timer core: Timer vs loop.call_later at 1k..1M pending", w3.add_arguments),
+    ("w4", "expiration accuracy and idle wake-ups", w4.add_arguments),
+    ("memory", "bytes per pending operation (subprocess per size)", memory.add_arguments),
+    ("sweep", "highest W1 rate with expiry p99 < 5 ms", sweep.add_arguments),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -55,27 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     _common(sub.add_parser("all", help="every workload below, then report"))
-    p = sub.add_parser("w1", help="purgatory throughput, completion by force_complete")
-    _common(p)
-    w1.add_arguments(p, check=False)
-    p = sub.add_parser("w1-check", help="W1 with completion through check_and_complete(key)")
-    _common(p)
-    w1.add_arguments(p, check=True)
-    p = sub.add_parser("w2", help="hot key: watch list vs threshold index vs naive")
-    _common(p)
-    w2.add_arguments(p)
-    p = sub.add_parser("w3", help="timer core: Timer vs loop.call_later at 1k..1M pending")
-    _common(p)
-    w3.add_arguments(p)
-    p = sub.add_parser("w4", help="expiration accuracy and idle wake-ups")
-    _common(p)
-    w4.add_arguments(p)
-    p = sub.add_parser("memory", help="bytes per pending operation (subprocess per size)")
-    _common(p)
-    memory.add_arguments(p)
-    p = sub.add_parser("sweep", help="highest W1 rate with expiry p99 < 5 ms")
-    _common(p)
-    sweep.add_arguments(p)
+    for name, help_text, add_arguments in _WORKLOADS:
+        p = sub.add_parser(name, help=help_text)
+        _common(p)
+        add_arguments(p)
     p = sub.add_parser("report", help="regenerate SUMMARY.md and charts from the records")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--plain", action="store_true")

@@ -179,7 +179,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         elif purgatory._thread_id == _get_ident():
             purgatory._completed(self, None)
         else:
-            purgatory._on_completed(self)
+            purgatory._on_loop(purgatory._completed, self, None)
         return True
 
     def cancel(self) -> bool:
@@ -191,7 +191,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             self._state |= CANCELLED | SETTLED
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._on_cancelled(self)
+            purgatory._on_loop(purgatory._cancelled, self)
         self._release()
         return True
 
@@ -243,7 +243,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         if not won:
             return False
         if purgatory is not None:
-            purgatory._on_completed(self, failure=exc)
+            purgatory._on_loop(purgatory._completed, self, exc)
         else:
             self._settle(exc, True)
         return True

@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import threading
-from collections.abc import Coroutine, Hashable, Iterable
+from collections.abc import Callable, Coroutine, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -489,12 +489,13 @@ class Purgatory:
 
     # -- called by operations ------------------------------------------------------------------
 
-    def _on_completed(self, op: DelayedOperation[Any], failure: Exception | None = None) -> None:
-        if self._thread_id != _get_ident():
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._completed, op, failure)
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` now on the loop thread; from any other thread, hand it over."""
+        if self._thread_id == _get_ident():
+            fn(*args)
         else:
-            self._completed(op, failure)
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def _completed(self, op: DelayedOperation[Any], failure: Exception | None) -> None:
         if op._bucket is not None:
@@ -510,13 +511,6 @@ class Purgatory:
         self._n_expired += 1
         self._retire(op)
         run_callbacks(op, self)
-
-    def _on_cancelled(self, op: DelayedOperation[Any]) -> None:
-        if self._thread_id != _get_ident():
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._cancelled, op)
-        else:
-            self._cancelled(op)
 
     def _cancelled(self, op: DelayedOperation[Any]) -> None:
         if op._bucket is not None:

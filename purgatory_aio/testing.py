@@ -85,9 +85,6 @@ class ManualClock:
         heapq.heappush(self._heap, (when, next(self._seq), handle))
         return handle
 
-    def call_later(self, delay: float, callback: Callable[[], object]) -> _ManualHandle:
-        return self.call_at(self._now + check_seconds(delay, "delay"), callback)
-
     async def sleep(self, delay: float) -> None:
         """Sleep ``delay`` seconds of virtual time."""
         delay = check_seconds(delay, "delay")
