@@ -216,10 +216,9 @@ def environment() -> Record:
         if line.startswith("MemTotal:"):
             mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
             break
-    try:
-        from purgatory_aio import __version__ as library_version
-    except ImportError:
-        library_version = "unknown"
+    import purgatory_aio
+
+    library_version = purgatory_aio.__version__
     status = _git("status", "--porcelain", "--", "purgatory_aio", "bench")
     return {
         "python": platform.python_version(),
@@ -233,6 +232,8 @@ def environment() -> Record:
         else None,
         "mem_total_gb": mem_gb,
         "purgatory_aio": library_version,
+        # Which build of the core ran: mypyc-compiled extension modules, or pure Python.
+        "build": "compiled" if purgatory_aio.compiled else "pure",
         "uvloop": uvloop_version(),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,

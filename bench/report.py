@@ -45,10 +45,17 @@ def latest(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
         return (not record.get("quick", False), str(record.get("date", "")))
 
     for record in records:
-        key = (str(record["workload"]), str(record["loop"]))
+        key = (str(record["workload"]), variant(record))
         if key not in out or rank(record) >= rank(out[key]):
             out[key] = record
     return out
+
+
+def variant(record: Record) -> str:
+    """The loop a record ran on, and its build of the core when that was pure Python."""
+    build = (record.get("env") or {}).get("build", "pure")
+    loop = str(record["loop"])
+    return loop if build == "compiled" else f"{loop}, pure"
 
 
 def _sort_key(key: tuple[str, str]) -> tuple[int, str, str]:
@@ -108,7 +115,9 @@ def write_summary(
     lines += [
         "## Latest results",
         "",
-        "P = purgatory, N = naive-futures baseline.",
+        "P = purgatory, N = naive-futures baseline. The loop column names the event loop;",
+        '"pure" marks a run on the pure-Python build of the core, the others ran on the',
+        "compiled one (`python -m purgatory_aio._compile`).",
         "",
         "| workload | loop | date (UTC) | commit | load | figure | value |",
         "|---|---|---|---|---|---|---|",
@@ -187,7 +196,7 @@ def _cost_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
                 LOOP_STYLE.get(record["loop"], ":"),
                 color=color,
                 marker="o",
-                label=f"{name} ({record['loop']})",
+                label=f"{name} ({variant(record)})",
             )
     ax.set(
         xscale="log",
@@ -211,7 +220,7 @@ def _cost_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
                     LOOP_STYLE.get(record["loop"], ":"),
                     color=colors.get(name),
                     marker="o",
-                    label=f"{name} ({record['loop']})",
+                    label=f"{name} ({variant(record)})",
                 )
         ylabel = "CPU us per completed op" if metric == "us_per_completed" else "CPU us per step"
         ax.set(xscale="log", yscale="log", xlabel="pending on the key", ylabel=ylabel, title=title)
@@ -245,7 +254,7 @@ def _lateness_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
                     curve,
                     LOOP_STYLE.get(record["loop"], ":"),
                     color=color,
-                    label=f"{name} ({record['loop']})",
+                    label=f"{name} ({variant(record)})",
                 )
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set(xlabel="percentile", ylabel="lateness ms (fire - deadline)", title=title)
@@ -266,7 +275,7 @@ def _w1_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
     width = 0.27
     labels = []
     for i, record in enumerate(records):
-        labels.append(f"{record['workload']}\n{record['loop']}\nn={record['params']['n']:,}")
+        labels.append(f"{record['workload']}\n{variant(record)}\nn={record['params']['n']:,}")
         for j, (name, color) in enumerate(zip(names, colors, strict=True)):
             value = record["results"]["contenders"][name]["cpu_us_per_op"]
             ax.bar(i + (j - 1) * width, value, width, color=color, label=name if i == 0 else None)
@@ -300,7 +309,7 @@ def _memory_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
                     LOOP_STYLE.get(record["loop"], ":"),
                     color=color,
                     marker=marker,
-                    label=f"{name} {method} ({record['loop']})",
+                    label=f"{name} {method} ({variant(record)})",
                 )
     ax.axhline(350, color="tab:red", linewidth=0.8, linestyle=":", label="goal 350 B")
     ax.set(

@@ -5,6 +5,7 @@ long-poll fetches, acks=all writes, group joins, heartbeats — the way Kafka's
 purgatory does, on one asyncio reaper and O(1) timers.
 """
 
+from . import _timer as _timer_module
 from ._clock import Clock as Clock
 from ._clock import LoopClock as LoopClock
 from ._errors import PurgatoryClosed as PurgatoryClosed
@@ -27,6 +28,10 @@ __all__ = [
     "PurgatoryStats",
     "Timer",
     "TimerHandle",
+    "compiled",
 ]
 
 __version__ = "0.1.0"
+
+#: True when the hot modules were imported as compiled extensions (see ``_compile``).
+compiled = not _timer_module.__file__.endswith(".py") if _timer_module.__file__ else False

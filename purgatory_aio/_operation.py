@@ -16,9 +16,10 @@ import inspect
 import threading
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, SupportsFloat, TypeVar
 
 from ._callbacks import run_callbacks
+from ._native import mypyc_attr
 from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SETTLED, SHUTDOWN, describe
 from ._timer import TimerEntry
 from ._validation import INF, check_seconds
@@ -37,6 +38,7 @@ _get_ident = threading.get_ident
 _running_loop = asyncio._get_running_loop
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     """An operation that completes when a condition holds, or at its deadline.
 
@@ -72,18 +74,33 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # loop: decided once per class so the completion path reads one attribute.
     _inline_complete: ClassVar[bool] = True
     _inline_expire: ClassVar[bool] = True
+    # Abstract methods a class leaves unimplemented. ABCMeta refuses to instantiate such
+    # a class, but the compiled build's classes do not go through ABCMeta, so __init__
+    # checks this too (one class-attribute read).
+    _unimplemented: ClassVar[tuple[str, ...]] = ("on_complete", "try_complete")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        cls._unimplemented = tuple(
+            name for name in ("on_complete", "try_complete") if _is_abstract(cls, name)
+        )
         cls._async_complete = inspect.iscoroutinefunction(cls.on_complete)
         cls._async_expire = inspect.iscoroutinefunction(cls.on_expiration)
         cls._inline_complete = not (cls._async_complete or cls.offload_callbacks)
         cls._inline_expire = cls._inline_complete and not cls._async_expire
 
-    def __init__(self, timeout: float) -> None:
-        if not (timeout.__class__ is float and 0.0 <= timeout < INF):
-            timeout = check_seconds(timeout, "timeout")
-        self._timeout = timeout
+    def __init__(self, timeout: SupportsFloat) -> None:
+        if self._unimplemented:
+            missing = ", ".join(self._unimplemented)
+            raise TypeError(
+                f"Can't instantiate abstract class {type(self).__name__} "
+                f"without an implementation for abstract method(s) {missing}"
+            )
+        # Typed as a protocol so that the compiled build leaves bad input to this check.
+        seconds = timeout if type(timeout) is float and 0.0 <= timeout < INF else None
+        if seconds is None:
+            seconds = check_seconds(timeout, "timeout")
+        self._timeout = seconds
         self._state = 0
         self._busy = False
         self._bucket = None
@@ -292,6 +309,14 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     def __repr__(self) -> str:
         status = describe(self._state)
         return f"<{type(self).__name__} {status} timeout={self._timeout}>"
+
+
+def _is_abstract(cls: type, name: str) -> bool:
+    """Whether ``cls`` leaves method ``name`` abstract (compiled methods carry no marker)."""
+    owner = next(klass for klass in cls.__mro__ if name in klass.__dict__)
+    return owner is DelayedOperation or bool(
+        getattr(owner.__dict__[name], "__isabstractmethod__", False)
+    )
 
 
 def _release_one(future: asyncio.Future[None]) -> None:

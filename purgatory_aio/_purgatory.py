@@ -17,7 +17,7 @@ import itertools
 import threading
 from collections.abc import Callable, Coroutine, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, SupportsFloat, TypeVar
 
 import anyio
 import structlog
@@ -281,7 +281,7 @@ class Purgatory:
             raise
 
     async def watch_threshold(
-        self, op: DelayedOperation[Any], key: Hashable, threshold: float
+        self, op: DelayedOperation[Any], key: Hashable, threshold: SupportsFloat
     ) -> bool:
         """Like :meth:`try_complete_else_watch` for one key, indexed by ``threshold``.
 
@@ -600,7 +600,7 @@ class Purgatory:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _busy_tasks(self) -> Iterable[asyncio.Task[None]]:
+    def _busy_tasks(self) -> tuple[asyncio.Task[None], ...]:
         return tuple(self._tasks)
 
     def _limiter(self) -> anyio.CapacityLimiter:

@@ -21,12 +21,13 @@ import math
 from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex
 
 import structlog
 
 from ._bucket import Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
+from ._native import mypyc_attr
 from ._validation import (
     check_callable,
     check_instant,
@@ -48,6 +49,7 @@ _heappush = heapq.heappush
 _heappop = heapq.heappop
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TimerEntry:
     """Something the timer can hold: a deadline, its bucket, and what to do when due.
 
@@ -103,16 +105,16 @@ class TimerHandle(TimerEntry):
         """True while the callback is scheduled and has not run."""
         return self._state == _PENDING
 
-    def reschedule(self, delay: float) -> None:
+    def reschedule(self, delay: SupportsFloat) -> None:
         """Move the handle to ``now + delay``, whether pending or already run."""
         if self._state == _CANCELLED:
             raise RuntimeError("cannot reschedule a cancelled timer handle")
-        delay = check_seconds(delay, "delay")
+        seconds = check_seconds(delay, "delay")
         timer = self._timer
         if self._bucket is not None:
             timer._remove(self)
         self._state = _PENDING
-        timer._add(self, timer._clock.time() + delay)
+        timer._add(self, timer._clock.time() + seconds)
 
     def _fire(self) -> None:
         if self._state == _PENDING:
@@ -168,7 +170,10 @@ class Timer:
     )
 
     def __init__(
-        self, tick: float = 0.001, wheel_size: int = 20, clock: Clock | None = None
+        self,
+        tick: SupportsFloat = 0.001,
+        wheel_size: SupportsIndex = 20,
+        clock: Clock | None = None,
     ) -> None:
         self._tick = check_positive_seconds(tick, "tick")
         size = check_positive_int(wheel_size, "wheel_size", minimum=2)
@@ -210,22 +215,29 @@ class Timer:
         """The current time of this timer's clock."""
         return self._clock.time()
 
-    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+    def call_later(
+        self, delay: SupportsFloat, callback: Callable[..., object], *args: Any
+    ) -> TimerHandle:
         """Run ``callback(*args)`` on the loop once ``delay`` seconds have passed."""
-        if not (delay.__class__ is float and 0.0 <= delay < _INF):
-            delay = check_seconds(delay, "delay")
+        # Parameters typed as protocols are not checked by the compiled build, so bad
+        # input always reaches the checks here and gets their messages.
+        seconds = delay if type(delay) is float and 0.0 <= delay < _INF else None
+        if seconds is None:
+            seconds = check_seconds(delay, "delay")
         if not callable(callback):
             check_callable(callback, "callback")
         handle = TimerHandle(self, callback, args)
-        self._add(handle, self._clock.time() + delay)
+        self._add(handle, self._clock.time() + seconds)
         return handle
 
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+    def call_at(
+        self, when: SupportsFloat, callback: Callable[..., object], *args: Any
+    ) -> TimerHandle:
         """Run ``callback(*args)`` once the clock reads ``when`` (at once if already past)."""
-        when = check_instant(when, "when")
+        instant = check_instant(when, "when")
         check_callable(callback, "callback")
         handle = TimerHandle(self, callback, args)
-        self._add(handle, when)
+        self._add(handle, instant)
         return handle
 
     def __len__(self) -> int:

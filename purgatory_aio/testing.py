@@ -18,7 +18,7 @@ import asyncio
 import heapq
 import itertools
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ._validation import check_instant, check_seconds
@@ -30,7 +30,10 @@ DEFAULT_EPOCH = 1_767_225_600.0
 
 
 class _Quiescent(Protocol):
-    def _busy_tasks(self) -> Iterable[asyncio.Future[object]]: ...
+    @property
+    def closed(self) -> bool: ...
+
+    def _busy_tasks(self) -> Sequence[asyncio.Future[object]]: ...
 
 
 class _ManualHandle:
@@ -71,7 +74,9 @@ class ManualClock:
         self._heap: list[tuple[float, int, _ManualHandle]] = []
         self._seq = itertools.count()
         self._sleepers: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
-        self._watched: weakref.WeakSet[_Quiescent] = weakref.WeakSet()
+        # Held strongly (the compiled Purgatory cannot be weakly referenced) and dropped
+        # once closed with nothing left running.
+        self._watched: dict[int, _Quiescent] = {}
 
     @property
     def epoch_offset(self) -> float:
@@ -135,7 +140,7 @@ class ManualClock:
 
     def _track(self, owner: _Quiescent) -> None:
         """Let ``advance`` wait for ``owner``'s callback tasks before returning."""
-        self._watched.add(owner)
+        self._watched[id(owner)] = owner
 
     async def _settle(self) -> None:
         """Run the loop until the tasks woken so far are blocked again."""
@@ -147,12 +152,14 @@ class ManualClock:
                 await asyncio.sleep(0)
                 if ready is not None and not ready:
                     break
-            busy = [
-                task
-                for owner in list(self._watched)
-                for task in owner._busy_tasks()
-                if not task.done() and task not in self._sleepers
-            ]
+            busy: list[asyncio.Future[object]] = []
+            for key, owner in list(self._watched.items()):
+                tasks = owner._busy_tasks()
+                if not tasks and owner.closed:
+                    del self._watched[key]
+                busy.extend(
+                    task for task in tasks if not task.done() and task not in self._sleepers
+                )
             if not busy:
                 return
             done, _ = await asyncio.wait(

@@ -518,7 +518,7 @@ def _cancelled() -> MockOperation:
         ),
         (lambda: MockOperation(1), "topic-0", TypeError, "not the single key 'topic-0'"),
         (lambda: MockOperation(1), 42, TypeError, "iterable of keys, got 42"),
-        (lambda: "not an op", ["k"], TypeError, "op must be a DelayedOperation"),
+        (lambda: "not an op", ["k"], TypeError, "DelayedOperation"),
         (_completed, ["k"], ValueError, "already completed"),
         (_cancelled, ["k"], ValueError, "already completed or cancelled"),
     ],
