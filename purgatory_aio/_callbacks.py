@@ -9,18 +9,18 @@ the purgatory so that shutdown (and ``ManualClock.advance``) can wait for it.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio.to_thread
 import structlog
 
-from ._states import EXPIRED
+from ._states import EXPIRED, FAILED, SETTLED
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
     from ._purgatory import Purgatory
 
-_log = structlog.get_logger("purgatory_aio.operation")
+_log: Final = structlog.get_logger("purgatory_aio.operation")
 
 # Tasks of operations used without a purgatory: kept here so they are not collected.
 _orphan_tasks: set[asyncio.Task[None]] = set()
@@ -40,9 +40,9 @@ def run_callbacks(op: DelayedOperation[Any], purgatory: Purgatory | None) -> Non
                 op.on_expiration()
         except Exception as exc:
             _failed(op, purgatory, exc, stage)
-            op._settle(exc, True)
+            settle(op, exc, True)
         else:
-            op._settle(result, False)
+            settle(op, result, False)
         return
     offload = cls.offload_callbacks or (purgatory is not None and purgatory._offload)
     coro = _run_async(op, purgatory, offload)
@@ -74,13 +74,13 @@ async def _run_async(op: DelayedOperation[Any], purgatory: Purgatory | None, off
     except asyncio.CancelledError as exc:
         # The callback task itself was cancelled (loop teardown): settle anyway so no
         # awaiter hangs, then let the cancellation proceed.
-        op._settle(exc, True)
+        settle(op, exc, True)
         raise
     except Exception as exc:
         _failed(op, purgatory, exc, stage)
-        op._settle(exc, True)
+        settle(op, exc, True)
     else:
-        op._settle(result, False)
+        settle(op, result, False)
 
 
 def _failed(
@@ -90,3 +90,14 @@ def _failed(
         purgatory._callback_failed(op, exc, stage)
     else:
         _log.error("callback_error", op=repr(op), stage=stage, exc_info=exc)
+
+
+def settle(op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
+    """Record the outcome and release awaiters (called once, by the winner)."""
+    op._outcome = outcome
+    op._state |= SETTLED | FAILED if failed else SETTLED
+    if op._waiter is not None:
+        op._release()
+    purgatory = op._purgatory
+    if purgatory is not None and purgatory._observed:
+        purgatory._on_settled(op)

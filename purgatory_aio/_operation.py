@@ -16,9 +16,9 @@ import inspect
 import threading
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, SupportsFloat, TypeVar, final
 
-from ._callbacks import run_callbacks
+from ._callbacks import run_callbacks, settle
 from ._native import mypyc_attr
 from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SETTLED, SHUTDOWN, describe
 from ._timer import TimerEntry
@@ -27,15 +27,17 @@ from ._validation import INF, check_seconds
 if TYPE_CHECKING:
     from ._purgatory import Purgatory
 
-__all__ = ["DelayedOperation"]
+__all__ = ["DelayedOperation", "try_guarded"]
 
 R = TypeVar("R")
 
 # One lock for every state transition: held for a few bytecodes, never across a call
 # into user code, so contention is negligible and no per-operation lock is allocated.
-_TRANSITION = threading.Lock()
-_get_ident = threading.get_ident
-_running_loop = asyncio._get_running_loop
+_TRANSITION: Final = threading.Lock()
+_acquire: Final = _TRANSITION.acquire
+_release_lock: Final = _TRANSITION.release
+_get_ident: Final = threading.get_ident
+_running_loop: Final = asyncio._get_running_loop
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -124,39 +126,51 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         return None
 
     # -- state -------------------------------------------------------------------------------
+    # Methods marked @final are not meant to be overridden. The two internal steps every
+    # operation goes through, try_guarded() and settle(), are module functions: the
+    # compiled build calls those directly, where a method call on a subclass defined in
+    # Python code would look the method up by name first.
 
     @property
+    @final
     def timeout(self) -> float:
         return self._timeout
 
     @property
+    @final
     def deadline(self) -> float | None:
         """Clock time at which it expires, once handed to a purgatory."""
         return self._deadline if self._purgatory is not None else None
 
     @property
+    @final
     def keys(self) -> tuple[Hashable, ...]:
         """The keys it is (or was) watched under; empty if never watched."""
         return self._keys or ()
 
     @property
+    @final
     def is_completed(self) -> bool:
         """True once completed: satisfied, expired, or by shutdown (not when cancelled)."""
         return bool(self._state & COMPLETED)
 
     @property
+    @final
     def expired(self) -> bool:
         """True if it was completed by its deadline passing (or by shutdown)."""
         return bool(self._state & EXPIRED)
 
     @property
+    @final
     def cancelled(self) -> bool:
         return bool(self._state & CANCELLED)
 
+    @final
     def done(self) -> bool:
         """True once settled: the result, exception or cancellation is final."""
         return bool(self._state & SETTLED)
 
+    @final
     def result(self) -> R:
         """The result of a settled operation (like ``Future.result``)."""
         state = self._state
@@ -168,6 +182,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             raise self._outcome
         return self._outcome  # type: ignore[no-any-return]
 
+    @final
     def exception(self) -> BaseException | None:
         """The exception of a settled, failed operation, else None."""
         state = self._state
@@ -186,10 +201,16 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         thread: off the purgatory's loop thread the bookkeeping and callbacks are
         handed to the loop.
         """
-        with _TRANSITION:
-            if self._state & ENDED:
+        # The lock's bound methods rather than ``with``: in the compiled build a
+        # with-statement looks __enter__ and __exit__ up on every call.
+        _acquire()
+        try:
+            state = self._state
+            if state & ENDED:
                 return False
-            self._state |= COMPLETED
+            self._state = state | COMPLETED
+        finally:
+            _release_lock()
         purgatory = self._purgatory
         if purgatory is None:
             run_callbacks(self, None)
@@ -212,16 +233,22 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._release()
         return True
 
+    @final
     def _fire(self) -> None:
         """The timer says the deadline has passed."""
-        with _TRANSITION:
-            if self._state & ENDED:
+        _acquire()
+        try:
+            state = self._state
+            if state & ENDED:
                 return
-            self._state |= COMPLETED | EXPIRED
+            self._state = state | COMPLETED | EXPIRED
+        finally:
+            _release_lock()
         purgatory = self._purgatory
         assert purgatory is not None
         purgatory._on_expired(self)
 
+    @final
     def _expire_for_shutdown(self) -> bool:
         with _TRANSITION:
             if self._state & ENDED:
@@ -229,24 +256,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             self._state |= COMPLETED | EXPIRED | SHUTDOWN
         return True
 
-    def _safe_try_complete(self) -> bool:
-        """``try_complete`` guarded against re-entrant calls, counting only a real completion.
-
-        An exception from ``try_complete`` settles the operation with that exception
-        (it could otherwise be left pending with a condition that can never be checked).
-        """
-        if self._busy or self._state & ENDED:
-            return False
-        self._busy = True
-        try:
-            if self.try_complete():
-                return self._state & COMPLETED != 0
-            return False
-        except Exception as exc:
-            return self._fail_from_try_complete(exc)
-        finally:
-            self._busy = False
-
+    @final
     def _fail_from_try_complete(self, exc: Exception) -> bool:
         with _TRANSITION:
             if self._state & ENDED:
@@ -262,21 +272,12 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         if purgatory is not None:
             purgatory._on_loop(purgatory._completed, self, exc)
         else:
-            self._settle(exc, True)
+            settle(self, exc, True)
         return True
 
     # -- settlement and awaiting -------------------------------------------------------------
 
-    def _settle(self, outcome: Any, failed: bool) -> None:
-        """Record the outcome and release awaiters (called once, by the winner)."""
-        self._outcome = outcome
-        self._state |= SETTLED | FAILED if failed else SETTLED
-        if self._waiter is not None:
-            self._release()
-        purgatory = self._purgatory
-        if purgatory is not None and purgatory._observed:
-            purgatory._on_settled(self)
-
+    @final
     def _release(self) -> None:
         waiter = self._waiter
         if waiter is None:
@@ -309,6 +310,25 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     def __repr__(self) -> str:
         status = describe(self._state)
         return f"<{type(self).__name__} {status} timeout={self._timeout}>"
+
+
+def try_guarded(op: DelayedOperation[Any]) -> bool:
+    """``op.try_complete()`` guarded against re-entrant calls; True only for a real completion.
+
+    An exception from ``try_complete`` settles the operation with that exception
+    (it could otherwise be left pending with a condition that can never be checked).
+    """
+    if op._busy or op._state & ENDED:
+        return False
+    op._busy = True
+    try:
+        if op.try_complete():
+            return op._state & COMPLETED != 0
+        return False
+    except Exception as exc:
+        return op._fail_from_try_complete(exc)
+    finally:
+        op._busy = False
 
 
 def _is_abstract(cls: type, name: str) -> bool:

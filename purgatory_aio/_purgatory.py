@@ -17,15 +17,15 @@ import itertools
 import threading
 from collections.abc import Callable, Coroutine, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, SupportsFloat, TypeVar
+from typing import Any, Final, SupportsFloat, TypeVar
 
 import anyio
 import structlog
 
-from ._callbacks import run_callbacks
+from ._callbacks import run_callbacks, settle
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import PurgatoryClosed
-from ._operation import DelayedOperation
+from ._operation import DelayedOperation, try_guarded
 from ._states import COMPLETED, ENDED, FAILED, describe
 from ._threshold import ThresholdIndex, ThresholdKeys
 from ._timer import Timer
@@ -34,12 +34,14 @@ from .events import EventSink, OperationEvent
 
 __all__ = ["Purgatory", "PurgatoryStats"]
 
-_log = structlog.get_logger("purgatory_aio.purgatory")
+_log: Final = structlog.get_logger("purgatory_aio.purgatory")
 
 R = TypeVar("R")
 
-_get_ident = threading.get_ident
-_running_loop = asyncio._get_running_loop
+_get_ident: Final = threading.get_ident
+# Held in a Final so the compiled purge loop reads it without a module-dict lookup.
+_THRESHOLD_KEYS: Final = ThresholdKeys
+_running_loop: Final = asyncio._get_running_loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +238,7 @@ class Purgatory:
         watch_keys = self._check_watch(op, keys)
         op._deadline = self._clock.time() + op._timeout
         op._purgatory = self
-        if op._safe_try_complete():
+        if try_guarded(op):
             return True
         if op._state & ENDED:
             return False
@@ -261,7 +263,7 @@ class Purgatory:
         self._live += entries
         if op._state & ENDED:
             return False
-        if op._safe_try_complete():
+        if try_guarded(op):
             return True
         if not op._state & ENDED:
             self._timer._add(op, op._deadline)
@@ -309,7 +311,7 @@ class Purgatory:
             self._watched -= 1
             if op._state & ENDED:
                 continue
-            if op._safe_try_complete():
+            if try_guarded(op):
                 completed += 1
             elif not op._state & ENDED:
                 watch_list = self._watchers.get(key)
@@ -343,13 +345,14 @@ class Purgatory:
             # A snapshot: callbacks run while walking may watch, complete or cancel on this key.
             for op in tuple(watch_list):
                 if op._state & ENDED:
-                    if watch_list.pop(op, False):
+                    if op in watch_list:
+                        del watch_list[op]
                         self._watched -= 1
                     continue
                 if op._busy:
                     continue
-                # DelayedOperation._safe_try_complete, inlined: this loop visits every
-                # operation on the key, and the call it saves is a third of a visit.
+                # try_guarded(op), inlined: this loop visits every operation on the
+                # key, and the call it saves is a third of a visit.
                 op._busy = True
                 try:
                     done = op.try_complete() and op._state & COMPLETED
@@ -359,14 +362,15 @@ class Purgatory:
                     op._busy = False
                 if done:
                     completed += 1
-                    if watch_list.pop(op, False):
+                    if op in watch_list:
+                        del watch_list[op]
                         self._watched -= 1
             if not watch_list and self._watchers.get(key) is watch_list:
                 del self._watchers[key]
         index = self._thresholds.get(key)
         if index is not None:
             for op in index.operations():
-                if not op._state & ENDED and op._safe_try_complete():
+                if not op._state & ENDED and try_guarded(op):
                     completed += 1
         return completed
 
@@ -447,11 +451,14 @@ class Purgatory:
 
     # -- validation ----------------------------------------------------------------------------
 
-    def _check_watch(self, op: Any, keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    def _check_watch(
+        self, op: DelayedOperation[Any], keys: Iterable[Hashable]
+    ) -> tuple[Hashable, ...]:
         """Validate a watch request; return its keys as a tuple without duplicates.
 
-        The common case (a fresh operation, a tuple or list of distinct hashable
-        keys) costs a couple of attribute reads and one small set.
+        The common case (a fresh operation, a tuple or list of up to three distinct
+        hashable keys) costs a couple of attribute reads, a hash and a comparison
+        per key, and no allocation.
         """
         try:
             fresh = op._purgatory is None and not op._state & ENDED
@@ -472,16 +479,29 @@ class Purgatory:
             if not isinstance(keys, Iterable):
                 raise TypeError(f"keys must be an iterable of keys, got {keys!r}")
             keys = tuple(keys)
+        count = len(keys)
         try:
-            if len(keys) == 1:
+            # Hash every key before anything is inserted, so an unhashable one leaves
+            # no partial watch behind. Up to three keys, pairwise comparison finds
+            # duplicates without building a set.
+            if count == 1:
                 hash(keys[0])
-                distinct = 1
-            else:
-                distinct = len(set(keys))
+                return keys
+            if count == 2:
+                first, second = keys
+                hash(first), hash(second)
+                return keys if first != second else (first,)
+            if count == 3:
+                first, second, third = keys
+                hash(first), hash(second), hash(third)
+                if first != second and first != third and second != third:
+                    return keys
+                return tuple(dict.fromkeys(keys))
+            distinct = len(set(keys))
         except TypeError:
             bad = next(k for k in keys if not _hashable(k))
             raise TypeError(f"watch key {bad!r} is not hashable") from None
-        if distinct != len(keys):
+        if distinct != count:
             keys = tuple(dict.fromkeys(keys))
         elif not distinct:
             raise ValueError("keys must not be empty: an operation has to be watched under a key")
@@ -505,7 +525,7 @@ class Purgatory:
         if failure is None:
             run_callbacks(op, self)
         else:
-            op._settle(failure, True)
+            settle(op, failure, True)
 
     def _on_expired(self, op: DelayedOperation[Any]) -> None:
         self._n_expired += 1
@@ -539,7 +559,7 @@ class Purgatory:
         for op in dirty:
             keys = op._keys
             assert keys is not None
-            if type(keys) is ThresholdKeys:
+            if type(keys) is _THRESHOLD_KEYS:
                 index = thresholds.get(keys[0])
                 if index is not None:
                     index.stale += 1
@@ -550,7 +570,10 @@ class Purgatory:
                 continue
             for key in keys:
                 watch_list = watchers.get(key)
-                if watch_list is not None and watch_list.pop(op, False):
+                # A membership test and del, not pop(): both are direct dict operations
+                # in the compiled build, where pop() is a method call by name.
+                if watch_list is not None and op in watch_list:
+                    del watch_list[op]
                     removed += 1
                     if not watch_list:
                         del watchers[key]

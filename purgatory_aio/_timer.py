@@ -7,8 +7,8 @@ slots. One reaper task sleeps until the earliest queued bucket is due; with
 nothing pending it sleeps on a future nobody resolves, so an idle timer costs
 no wake-ups at all.
 
-Deadlines map to tick ``floor(deadline / tick) + 1``, so a bucket comes due
-only after every deadline in it; an entry is fired only once the clock has
+Deadlines map to tick ``ceil(deadline / tick)``, so a bucket comes due no
+earlier than every deadline in it; an entry is fired only once the clock has
 reached its own deadline, which keeps early wake-ups of the event loop (clock
 resolution, uvloop's millisecond rounding) from firing anything early.
 """
@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
-from typing import Any, SupportsFloat, SupportsIndex
+from typing import Any, Final, SupportsFloat, SupportsIndex
 
 import structlog
 
@@ -39,14 +39,14 @@ from ._wheel import Wheel
 
 __all__ = ["Timer", "TimerEntry", "TimerHandle"]
 
-_log = structlog.get_logger("purgatory_aio.timer")
+_log: Final = structlog.get_logger("purgatory_aio.timer")
 
-_INF = math.inf
+_INF: Final = math.inf
 #: Entries a cascade re-places per loop iteration at most (see Timer._cascade_urgent).
-CASCADE_CHUNK = 1024
-_by_deadline = attrgetter("_deadline")
-_heappush = heapq.heappush
-_heappop = heapq.heappop
+CASCADE_CHUNK: Final = 1024
+_by_deadline: Final = attrgetter("_deadline")
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -160,6 +160,7 @@ class Timer:
         "_level0",
         "_levels",
         "_loop",
+        "_per_tick",
         "_reaper",
         "_reaping",
         "_rearm_soon",
@@ -176,6 +177,7 @@ class Timer:
         clock: Clock | None = None,
     ) -> None:
         self._tick = check_positive_seconds(tick, "tick")
+        self._per_tick = 1.0 / self._tick
         size = check_positive_int(wheel_size, "wheel_size", minimum=2)
         self._clock: Clock = DEFAULT_CLOCK if clock is None else clock
         start = int(self._clock.time() // self._tick)
@@ -267,7 +269,14 @@ class Timer:
             self._leave_idle()
         self._count += 1
         entry._deadline = deadline
-        tick_index = int(deadline // self._tick) + 1
+        # ceil(deadline / tick), the first tick not before the deadline, with a
+        # multiplication and a truncation rather than float division and math.ceil.
+        # Rounding can put an entry in a bucket a hair early; the deadline check at
+        # firing then re-places it, so nothing fires early.
+        scaled = deadline * self._per_tick
+        tick_index = int(scaled)
+        if tick_index < scaled:
+            tick_index += 1
         wheel = self._level0
         current = wheel.current
         if tick_index < current + wheel.size:
@@ -302,7 +311,12 @@ class Timer:
 
     def _place(self, entry: TimerEntry, not_before: int) -> None:
         """(Re-)place an entry already counted, at tick ``not_before`` at the earliest."""
-        tick_index = max(int(entry._deadline // self._tick) + 1, not_before)
+        scaled = entry._deadline * self._per_tick
+        tick_index = int(scaled)
+        if tick_index < scaled:
+            tick_index += 1  # ceil, as in _add
+        if tick_index < not_before:
+            tick_index = not_before
         wheel = self._level0
         if tick_index < wheel.current + wheel.size:
             bucket = wheel.buckets[tick_index % wheel.size]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-INF = math.inf
+INF: Final = math.inf
 
 
 def check_seconds(value: object, what: str) -> float:

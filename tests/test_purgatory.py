@@ -58,7 +58,7 @@ async def test_request_expiry_never_before_the_deadline(clock: ManualClock) -> N
         assert not r2.is_completed
         await clock.advance(0.0011)
         assert r2.expired and not r1.is_completed
-        await clock.advance(0.0091)
+        await clock.advance(0.0089)
         assert not r1.is_completed
         await clock.advance(0.0011)
         assert r1.expired
