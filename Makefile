@@ -11,7 +11,7 @@ COMPILED     := build/mypyc
 COMPILED_OK  := $(COMPILED)/.built
 ON_COMPILED  := PYTHONSAFEPATH=1 PYTHONPATH=$(CURDIR)/$(COMPILED)
 
-.PHONY: install compile test test-pure test-compiled lint bench bench-quick bench-http demo sim clean
+.PHONY: install compile wheel test test-pure test-compiled lint bench bench-quick bench-http demo sim clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "purgatory_aio needs Python 3.11+, found " + sys.version'
@@ -29,6 +29,10 @@ $(COMPILED_OK): $(wildcard purgatory_aio/*.py) $(STAMP)
 	touch $@
 
 compile: $(COMPILED_OK)
+
+# A wheel with the compiled core in it (a plain `pip install .` builds a pure one).
+wheel: install
+	HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 $(BIN)/python -m pip wheel --no-deps -w dist .
 
 # The whole suite runs on both builds of the core: the pure-Python source and the
 # compiled copy. pytest exits 5 when it collected no test: a failure here, never a pass.

@@ -99,8 +99,10 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
                 f"without an implementation for abstract method(s) {missing}"
             )
         # Typed as a protocol so that the compiled build leaves bad input to this check.
-        seconds = timeout if type(timeout) is float and 0.0 <= timeout < INF else None
-        if seconds is None:
+        seconds: float
+        if isinstance(timeout, float) and 0.0 <= timeout < INF:
+            seconds = timeout
+        else:
             seconds = check_seconds(timeout, "timeout")
         self._timeout = seconds
         self._state = 0

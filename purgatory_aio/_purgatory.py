@@ -110,6 +110,7 @@ class Purgatory:
             raise TypeError(f"event_sink must have an emit(event) method, got {event_sink!r}")
         self._clock: Clock = DEFAULT_CLOCK if clock is None else clock
         self._timer = Timer(tick=tick, wheel_size=wheel_size, clock=self._clock)
+        self._now: Callable[[], float] = self._clock.time  # bound once, as in Timer
         self.name = name
         self._offload = bool(offload_callbacks)
         self._capacity: anyio.CapacityLimiter | None = None
@@ -236,7 +237,7 @@ class Purgatory:
         if _running_loop() is not self._loop:
             self._start()
         watch_keys = self._check_watch(op, keys)
-        op._deadline = self._clock.time() + op._timeout
+        op._deadline = self._now() + op._timeout
         op._purgatory = self
         if try_guarded(op):
             return True
