@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(events)
     out.mkdir(parents=True, exist_ok=True)
 
+    import purgatory_aio
+
+    build = "compiled (mypyc)" if purgatory_aio.compiled else "pure Python"
+    print(f"purgatory_aio {purgatory_aio.__version__}, core: {build}", flush=True)
     python = sys.executable
     _run(
         "Simulating a broker with faults (virtual time)",

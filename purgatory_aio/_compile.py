@@ -7,7 +7,8 @@ first on ``PYTHONPATH`` to run on it (``make bench`` and ``make test`` do);
 ``purgatory_aio.compiled`` says which build was imported. The source tree itself
 stays pure Python, so an edit is never shadowed by a stale extension.
 
-Needs mypy (mypyc), setuptools and a C compiler: ``pip install -e '.[dev]'``.
+Needs mypy (mypyc), setuptools and a C compiler: ``pip install -e '.[dev]'``. Wheels
+get the same modules compiled through ``_build_hook`` (``make wheel``).
 """
 
 from __future__ import annotations
