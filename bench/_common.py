@@ -219,7 +219,8 @@ def environment() -> Record:
     import purgatory_aio
 
     library_version = purgatory_aio.__version__
-    status = _git("status", "--porcelain", "--", "purgatory_aio", "bench")
+    # Dirty means a source change: the records and charts under bench/results do not count.
+    status = _git("status", "--porcelain", "--", "purgatory_aio", "bench", ":!bench/results")
     return {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
