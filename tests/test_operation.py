@@ -68,6 +68,34 @@ def test_abstract_methods_must_be_implemented() -> None:
         Incomplete(1)  # type: ignore[abstract]
 
 
+def test_an_abstract_base_of_your_own_can_be_completed_by_its_subclasses() -> None:
+    # Runs on both builds: the compiled DelayedOperation does not go through ABCMeta.
+    class Base(DelayedOperation[int]):
+        def on_complete(self) -> int:
+            return self.value
+
+    class Concrete(Base):
+        def __init__(self, timeout: float, value: int) -> None:
+            super().__init__(timeout)
+            self.value = value  # no __slots__: an instance dict, as users write them
+
+        def try_complete(self) -> bool:
+            return self.force_complete()
+
+    with pytest.raises(TypeError, match="try_complete"):
+        Base(1)  # type: ignore[abstract]
+    op = Concrete(1, 42)
+    assert op.try_complete() and op.result() == 42
+
+
+def test_the_package_says_which_build_it_is() -> None:
+    import purgatory_aio
+
+    assert isinstance(purgatory_aio.compiled, bool)
+    suffix = purgatory_aio._operation.__file__.rsplit(".", 1)[-1]
+    assert (suffix != "py") is purgatory_aio.compiled
+
+
 def test_integer_timeouts_are_accepted() -> None:
     assert MockOperation(0).timeout == 0.0
     assert MockOperation(3).timeout == 3.0
