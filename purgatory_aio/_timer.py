@@ -483,10 +483,17 @@ class Timer:
         tick = self._tick
         levels = self._levels
         carried: list[Bucket] = []
+        fired: set[int] = set()  # level-0 buckets fired in this pass
         self._reaping = True
         try:
             while heap and heap[0][0] * tick <= now:
-                expiration, _, _, bucket = _heappop(heap)
+                expiration, _, key, bucket = heap[0]
+                if key in fired and bucket.expiration == expiration:
+                    # A callback of this pass added an entry that is due already (a zero
+                    # delay, say). It runs on the next loop iteration, as loop.call_soon
+                    # would: a callback that keeps re-adding itself cannot hold the loop.
+                    break
+                _heappop(heap)
                 if bucket.expiration != expiration:
                     continue  # queued for a rotation that was reset meanwhile
                 bucket.expiration = -1
@@ -510,6 +517,7 @@ class Timer:
                     for entry in entries:
                         self._place(entry, expiration)
                     continue
+                fired.add(key)
                 # Detach the batch first: a callback may cancel or re-add any entry of it.
                 for entry in entries:
                     entry._bucket = None

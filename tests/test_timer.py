@@ -227,6 +227,24 @@ async def test_wakeups_are_per_bucket_not_per_entry() -> None:
     assert timer.wakeups == 1
 
 
+async def test_a_callback_re_adding_itself_with_no_delay_runs_again_on_a_later_pass() -> None:
+    clock = ManualClock()
+    timer = Timer(clock=clock)
+    runs: list[float] = []
+
+    def again() -> None:
+        runs.append(clock.time())
+        if len(runs) < 50:
+            timer.call_later(0, again)
+
+    timer.call_later(0.01, again)
+    await clock.advance(0.02)
+    # Each re-added run is due at once, yet waits for the next reaper pass (the loop runs
+    # in between), as loop.call_soon would: the reaper never spins on it.
+    assert len(runs) == 50 and runs[0] == 0.01
+    assert timer.wakeups >= 50
+
+
 async def test_callbacks_may_add_and_cancel_timers_reentrantly() -> None:
     clock = ManualClock()
     timer = Timer(clock=clock)
