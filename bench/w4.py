@@ -7,7 +7,8 @@ the one the comparison is held to as well, since a caller's deadline is a real
 instant whatever the loop's clock resolution.
 
 The Timer also reports its reaper wake-ups against the number of distinct
-level-0 buckets the deadlines fall in (one wake per due bucket is the ideal),
+level-0 buckets the deadlines fall in (a bucket is fired from its earliest
+deadline on, so one whose deadlines outlast the first wake-up takes another),
 and its wake-ups during ``idle`` seconds with nothing pending, after a batch of
 timers was added and cancelled (must be 0). The comparison is ``loop.call_at``
 with the same deadlines.

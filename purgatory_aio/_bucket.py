@@ -8,6 +8,7 @@ keeps runs on a ManualClock deterministic (a set would order them by address).
 
 from __future__ import annotations
 
+from math import inf as INF
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,16 +18,21 @@ if TYPE_CHECKING:
 class Bucket:
     """One slot of one wheel level.
 
-    ``expiration`` is the tick index at which the bucket comes due, or -1 while
-    it is not queued. A bucket enters the timer's queue of due times only when
-    its expiration changes, i.e. at most once per rotation of its wheel.
+    ``expiration`` is the tick index at which the bucket comes due at the latest,
+    or -1 while it is not queued; it is processed from ``first`` on. A bucket
+    enters the timer's queue of due times only when its expiration changes, i.e.
+    at most once per rotation of its wheel.
     """
 
-    __slots__ = ("entries", "expiration", "level")
+    __slots__ = ("entries", "expiration", "first", "level")
 
     def __init__(self, level: int) -> None:
         self.entries: dict[TimerEntry, None] = {}
         self.expiration = -1
+        # The earliest deadline placed in it this rotation (entries cancelled since may
+        # leave it too early, never too late): the reaper wakes for it, not for the
+        # bucket's end, so an entry is not held back by the rest of its tick.
+        self.first = INF
         self.level = level
 
     def __len__(self) -> int:

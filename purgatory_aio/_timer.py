@@ -7,10 +7,15 @@ slots. One reaper task sleeps until the earliest queued bucket is due; with
 nothing pending it sleeps on a future nobody resolves, so an idle timer costs
 no wake-ups at all.
 
-Deadlines map to tick ``ceil(deadline / tick)``, so a bucket comes due no
-earlier than every deadline in it; an entry is fired only once the clock has
-reached its own deadline, which keeps early wake-ups of the event loop (clock
-resolution, uvloop's millisecond rounding) from firing anything early.
+Deadlines map to tick ``ceil(deadline / tick)``. A bucket is due from the
+earliest deadline placed in it, not from the end of its tick: the reaper fires
+the entries whose deadline has passed and leaves the rest of the bucket for the
+next wake-up. Expirations are then late by the event loop's own wake-up delay
+only, not by the tick on top of it, for at most one more wake-up per bucket.
+An entry is fired only once the clock has reached its own deadline, which keeps
+early wake-ups of the event loop (clock resolution, uvloop's millisecond
+rounding) from firing anything early. At equal due ticks higher levels cascade
+first, so entries fire in deadline order.
 """
 
 from __future__ import annotations
@@ -296,7 +301,11 @@ class Timer:
             bucket.entries[entry] = None
             entry._bucket = bucket
             if bucket.expiration != tick_index:
+                bucket.first = deadline
                 self._queue(bucket, tick_index)
+            elif deadline < bucket.first:
+                bucket.first = deadline
+                self._sooner(deadline)
         else:
             self._place_high(entry, tick_index)
 
@@ -331,8 +340,13 @@ class Timer:
             bucket = wheel.buckets[tick_index % wheel.size]
             bucket.entries[entry] = None
             entry._bucket = bucket
+            deadline = entry._deadline
             if bucket.expiration != tick_index:
+                bucket.first = deadline
                 self._queue(bucket, tick_index)
+            elif deadline < bucket.first:
+                bucket.first = deadline
+                self._sooner(deadline)
         else:
             self._place_high(entry, tick_index)
 
@@ -350,8 +364,13 @@ class Timer:
                 bucket.entries[entry] = None
                 entry._bucket = bucket
                 expiration = slot * wheel.tick
+                deadline = entry._deadline
                 if bucket.expiration != expiration:
+                    bucket.first = deadline
                     self._queue(bucket, expiration)
+                elif deadline < bucket.first:
+                    bucket.first = deadline
+                    self._sooner(deadline)
                 return
             i += 1
 
@@ -360,11 +379,12 @@ class Timer:
         # At equal due ticks higher levels go first, so that entries they cascade into
         # level 0 join that tick's bucket before it is flushed (deadline order holds).
         _heappush(self._heap, (expiration, -bucket.level, id(bucket), bucket))
-        if (
-            not self._reaping
-            and not self._rearm_soon
-            and expiration * self._tick < self._armed_when
-        ):
+        when = expiration * self._tick
+        self._sooner(bucket.first if bucket.first < when else when)
+
+    def _sooner(self, when: float) -> None:
+        """Something is now due at ``when``: wake earlier than armed if need be."""
+        if not self._reaping and not self._rearm_soon and when < self._armed_when:
             # Re-arm at the end of this loop iteration, not now: a request timeout is
             # usually added and cancelled again before then (the request completed), and
             # the wake-up then needs no change at all.
@@ -455,12 +475,14 @@ class Timer:
         self._armed_when = _INF
 
     def _arm_next(self) -> None:
-        """Arm the wake-up for the earliest non-empty bucket, or for nothing."""
+        """Arm the wake-up for the first deadline of the earliest non-empty bucket, or none."""
         heap = self._heap
         while heap:
             expiration, _, _, bucket = heap[0]
             if bucket.expiration == expiration and bucket.entries:
                 when = expiration * self._tick
+                if bucket.first < when:
+                    when = bucket.first
                 if when != self._armed_when:
                     self._arm(when)
                 return
@@ -486,8 +508,12 @@ class Timer:
         fired: set[int] = set()  # level-0 buckets fired in this pass
         self._reaping = True
         try:
-            while heap and heap[0][0] * tick <= now:
+            while heap:
                 expiration, _, key, bucket = heap[0]
+                # Due at the bucket's end, or from its earliest deadline on: the entries
+                # already due are fired and the rest stay for the next wake-up.
+                if expiration * tick > now and bucket.first > now:
+                    break
                 if key in fired and bucket.expiration == expiration:
                     # A callback of this pass added an entry that is due already (a zero
                     # delay, say). It runs on the next loop iteration, as loop.call_soon
@@ -532,6 +558,8 @@ class Timer:
                         except Exception:
                             self.errors += 1
                             _log.exception("timer_callback_error", entry=repr(entry))
+                    elif expiration * tick > now:
+                        self._place(entry, expiration)  # later in this tick: stays
                     else:
                         # Float rounding put it a hair before its deadline: next tick.
                         self._place(entry, expiration + 1)
@@ -543,6 +571,7 @@ class Timer:
             # Unfinished cascades continue on the next loop iteration, after whatever
             # else the loop has to run.
             for carry in carried:
+                carry.first = _INF
                 self._queue(carry, now_tick)
         finally:
             self._reaping = False

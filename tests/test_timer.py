@@ -227,6 +227,21 @@ async def test_wakeups_are_per_bucket_not_per_entry() -> None:
     assert timer.wakeups == 1
 
 
+async def test_an_entry_fires_at_its_own_deadline_not_at_the_end_of_its_tick() -> None:
+    clock = ManualClock()
+    timer = Timer(clock=clock)  # 1 ms ticks: both deadlines fall in the same bucket
+    fired = Recorder()
+    timer.call_at(0.0108, fired, "b")
+    timer.call_at(0.0102, fired, "a")
+    await clock.advance_to(0.0102)
+    assert fired.calls == ["a"]
+    await clock.advance_to(0.01079)
+    assert fired.calls == ["a"]
+    await clock.advance_to(0.0108)
+    assert fired.calls == ["a", "b"]
+    assert timer.wakeups == 2
+
+
 async def test_a_callback_re_adding_itself_with_no_delay_runs_again_on_a_later_pass() -> None:
     clock = ManualClock()
     timer = Timer(clock=clock)
