@@ -176,6 +176,16 @@ def lateness_summary(seconds: Sequence[float], curve_points: int = 101) -> Recor
     }
 
 
+def distinct_keys(uniform: Callable[[], float], count: int, space: int) -> tuple[int, ...]:
+    """``count`` distinct keys drawn uniformly from ``range(space)``."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        key = int(uniform() * space)
+        if key not in chosen:
+            chosen.append(key)
+    return tuple(chosen)
+
+
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
@@ -282,6 +292,15 @@ def make_record(
         "goals": list(goals),
         "headline": [list(item) for item in headline],
     }
+
+
+def publish(record: Record, loop_name: str, progress: Progress, results_dir: Path | None) -> Record:
+    """Show a record's headline figures and write it under ``results_dir`` (if given)."""
+    for label, value in record["headline"]:
+        progress.result(f"{loop_name:8} {label}: {value}")
+    if results_dir is not None:
+        write_record(record, results_dir)
+    return record
 
 
 def write_record(record: Record, results_dir: Path) -> Path:

@@ -31,15 +31,17 @@ from ._common import (
     REPO_ROOT,
     Progress,
     Record,
+    Settlements,
+    distinct_keys,
     fmt,
     fmt_ratio,
     goal,
     make_record,
+    publish,
     quiet_logs,
     ratio,
     rss_bytes,
     run_on,
-    write_record,
 )
 from .baselines import NaiveFutures
 
@@ -66,18 +68,7 @@ class MemOp(DelayedOperation[None]):
         return None
 
 
-def _keys(rng: random.Random, count: int, space: int) -> tuple[int, ...]:
-    chosen: list[int] = []
-    while len(chosen) < count:
-        key = int(rng.random() * space)
-        if key not in chosen:
-            chosen.append(key)
-    return tuple(chosen)
-
-
 async def _populate(contender: str, size: int, method: str, params: MemoryParams) -> Record:
-    from ._common import Settlements
-
     rng = random.Random(params.seed)
     kp, ks = params.keys_per_op, params.key_space
     settlements = Settlements(size)
@@ -95,7 +86,7 @@ async def _populate(contender: str, size: int, method: str, params: MemoryParams
         naive.complete(naive.watch((0,), TIMEOUT))
     # The keys are the caller's own data (a request names its partitions anyway): they
     # are built before measuring, so neither contender is charged for them.
-    all_keys = [_keys(rng, kp, ks) for _ in range(size)]
+    all_keys = [distinct_keys(rng.random, kp, ks) for _ in range(size)]
     await asyncio.sleep(0)
     gc.collect()
     if method == "tracemalloc":
@@ -109,14 +100,15 @@ async def _populate(contender: str, size: int, method: str, params: MemoryParams
         watch = purgatory.try_complete_else_watch
         for keys in all_keys:
             await watch(MemOp(TIMEOUT), keys)
+        populate_s = time.perf_counter() - t0
         pending = purgatory.num_delayed
     else:
         assert naive is not None
         naive_watch = naive.watch
         for keys in all_keys:
             naive_watch(keys, TIMEOUT)
-        pending = naive.pending()
-    populate_s = time.perf_counter() - t0
+        populate_s = time.perf_counter() - t0
+        pending = naive.pending()  # outside the timed fill: it walks every watch list
     gc.collect()
     after = measure()
     if method == "tracemalloc":
@@ -204,11 +196,9 @@ def run(
                     row[f"{method}_bytes_per_op"] = result["bytes_per_op"]
                     row["settled"] = result["settled"]
                 table[contender][str(size)] = row
-        records.append(_build_record(loop_name, params, table))
-        for label, value in records[-1]["headline"]:
-            progress.result(f"{loop_name:8} {label}: {value}")
-        if results_dir is not None:
-            write_record(records[-1], results_dir)
+        records.append(
+            publish(_build_record(loop_name, params, table), loop_name, progress, results_dir)
+        )
     return records
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ._common import Progress, Record, fmt, fmt_ratio, make_record, ratio, write_record
+from ._common import Progress, Record, fmt, fmt_ratio, make_record, publish, ratio
 from .w1 import W1Params, run_contender
 
 CONTENDERS = ("purgatory", "naive-futures")
@@ -153,11 +153,7 @@ def run(
             ratios=ratios,
             headline=headline,
         )
-        for label, value in headline:
-            progress.result(f"{loop_name:8} {label}: {value}")
-        if results_dir is not None:
-            write_record(record, results_dir)
-        records.append(record)
+        records.append(publish(record, loop_name, progress, results_dir))
     return records
 
 

@@ -39,17 +39,18 @@ from ._common import (
     Settlements,
     Ticker,
     alternate,
+    distinct_keys,
     fmt,
     fmt_ratio,
     goal,
     lateness_summary,
     make_record,
     median_run,
+    publish,
     quiesced,
     ratio,
     rss_bytes,
     run_on,
-    write_record,
 )
 from .baselines import NaiveFutures, NaiveWaiter
 
@@ -106,14 +107,7 @@ def _latencies_and_keys(
     lognormal = random.Random(seed).lognormvariate
     latencies = [lognormal(mu, sigma) for _ in range(n)]
     uniform = random.Random(seed + 1).random
-    keys: list[tuple[int, ...]] = []
-    for _ in range(n):
-        chosen: list[int] = []
-        while len(chosen) < keys_per_op:  # distinct keys, uniform over the key space
-            key = int(uniform() * key_space)
-            if key not in chosen:
-                chosen.append(key)
-        keys.append(tuple(chosen))
+    keys = [distinct_keys(uniform, keys_per_op, key_space) for _ in range(n)]
     _POOL.clear()  # keep one pool: at a million operations it is ~100 MB
     _POOL[pool_key] = (latencies, keys)
     return latencies, keys
@@ -575,12 +569,9 @@ def run(
         for name, r in best.items():
             if r["settled"] != params.n or r["left_pending"]:
                 raise RuntimeError(f"{name} left operations unsettled: {r}")
-        record = _build_record(loop_name, params, best)
-        for label, value in record["headline"]:
-            progress.result(f"{loop_name:8} {label}: {value}")
-        if results_dir is not None:
-            write_record(record, results_dir)
-        records.append(record)
+        records.append(
+            publish(_build_record(loop_name, params, best), loop_name, progress, results_dir)
+        )
     return records
 
 

@@ -40,11 +40,11 @@ from ._common import (
     fmt_ratio,
     goal,
     make_record,
+    publish,
     quantile,
     quiesced,
     ratio,
     run_on,
-    write_record,
 )
 from .baselines import NaiveFutures
 
@@ -209,11 +209,11 @@ def run(
                     if result["settled"] != result["total"]:
                         raise RuntimeError(f"w2 {name} left operations unsettled: {result}")
                     table[series][name][str(pending)] = result
-        records.append(_build_record(loop_name, params, names, table))
-        for label, value in records[-1]["headline"]:
-            progress.result(f"{loop_name:8} {label}: {value}")
-        if results_dir is not None:
-            write_record(records[-1], results_dir)
+        records.append(
+            publish(
+                _build_record(loop_name, params, names, table), loop_name, progress, results_dir
+            )
+        )
     return records
 
 

@@ -38,10 +38,10 @@ from ._common import (
     fmt_ratio,
     goal,
     make_record,
+    publish,
     quiesced,
     ratio,
     run_on,
-    write_record,
 )
 
 CONTENDERS = ("harness", "timer", "call_later")
@@ -95,8 +95,9 @@ async def _churn(name: str, size: int, params: W3Params) -> Record:
     victims = [int(rng.random() * size) for _ in range(pairs)]
     add, timer = _adder(name)
     perf, cpu = time.perf_counter, time.process_time
+    initial = delays[:size]
     t0 = perf()
-    handles = [add(delay, _never) for delay in delays[:size]]
+    handles = [add(delay, _never) for delay in initial]
     fill_s = perf() - t0
     await asyncio.sleep(0)
     chunk = params.chunk
@@ -206,11 +207,9 @@ def run(
                 row["net_expire_cpu_us_per_timer"] = (
                     row["expire_cpu_us_per_timer"] - base["expire_cpu_us_per_timer"]
                 )
-        records.append(_build_record(loop_name, params, table))
-        for label, value in records[-1]["headline"]:
-            progress.result(f"{loop_name:8} {label}: {value}")
-        if results_dir is not None:
-            write_record(records[-1], results_dir)
+        records.append(
+            publish(_build_record(loop_name, params, table), loop_name, progress, results_dir)
+        )
     return records
 
 

@@ -32,9 +32,10 @@ from ._common import (
     goal,
     lateness_summary,
     make_record,
+    publish,
     quiesced,
+    ratio,
     run_on,
-    write_record,
 )
 
 _monotonic = time.monotonic
@@ -117,11 +118,9 @@ def run(
                 results[name] = run_on(loop_name, lambda name=name: _measure(name, params))  # type: ignore[misc]
             if results[name]["fired"] != params.timers:
                 raise RuntimeError(f"w4 {name}: not every timer fired: {results[name]}")
-        records.append(_build_record(loop_name, params, results))
-        for label, value in records[-1]["headline"]:
-            progress.result(f"{loop_name:8} {label}: {value}")
-        if results_dir is not None:
-            write_record(records[-1], results_dir)
+        records.append(
+            publish(_build_record(loop_name, params, results), loop_name, progress, results_dir)
+        )
     return records
 
 
@@ -129,8 +128,8 @@ def _build_record(loop_name: str, params: W4Params, results: dict[str, Record]) 
     timer, call_at = results["timer"], results["call_at"]
     lt, lc = timer["lateness"], call_at["lateness"]
     ratios = {
-        "lateness p50 timer/call_at": _safe(lt["p50_ms"], lc["p50_ms"]),
-        "lateness p99 timer/call_at": _safe(lt["p99_ms"], lc["p99_ms"]),
+        "lateness p50 timer/call_at": ratio(lt["p50_ms"], lc["p50_ms"]),
+        "lateness p99 timer/call_at": ratio(lt["p99_ms"], lc["p99_ms"]),
         "wakeups/due buckets": timer["wakeups"] / timer["distinct_due_buckets"],
     }
     goals = [
@@ -168,10 +167,6 @@ def _build_record(loop_name: str, params: W4Params, results: dict[str, Record]) 
         goals=goals,
         headline=headline,
     )
-
-
-def _safe(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -294,7 +294,7 @@ class Timer:
         wheel = self._level0
         current = wheel.current
         if tick_index < current + wheel.size:
-            # Level 0, inlined: the common case for short timeouts.
+            # Level 0 and _into, inlined: the common case for short timeouts.
             if tick_index < current:
                 tick_index = current
             bucket = wheel.buckets[tick_index % wheel.size]
@@ -337,16 +337,7 @@ class Timer:
             tick_index = not_before
         wheel = self._level0
         if tick_index < wheel.current + wheel.size:
-            bucket = wheel.buckets[tick_index % wheel.size]
-            bucket.entries[entry] = None
-            entry._bucket = bucket
-            deadline = entry._deadline
-            if bucket.expiration != tick_index:
-                bucket.first = deadline
-                self._queue(bucket, tick_index)
-            elif deadline < bucket.first:
-                bucket.first = deadline
-                self._sooner(deadline)
+            self._into(wheel.buckets[tick_index % wheel.size], entry, tick_index)
         else:
             self._place_high(entry, tick_index)
 
@@ -360,19 +351,21 @@ class Timer:
             wheel = levels[i]
             if tick_index < wheel.current + wheel.interval:
                 slot = tick_index // wheel.tick
-                bucket = wheel.buckets[slot % wheel.size]
-                bucket.entries[entry] = None
-                entry._bucket = bucket
-                expiration = slot * wheel.tick
-                deadline = entry._deadline
-                if bucket.expiration != expiration:
-                    bucket.first = deadline
-                    self._queue(bucket, expiration)
-                elif deadline < bucket.first:
-                    bucket.first = deadline
-                    self._sooner(deadline)
+                self._into(wheel.buckets[slot % wheel.size], entry, slot * wheel.tick)
                 return
             i += 1
+
+    def _into(self, bucket: Bucket, entry: TimerEntry, expiration: int) -> None:
+        """Put ``entry`` in ``bucket``, due at tick ``expiration`` (inlined in ``_add``)."""
+        bucket.entries[entry] = None
+        entry._bucket = bucket
+        deadline = entry._deadline
+        if bucket.expiration != expiration:
+            bucket.first = deadline  # a new rotation of this slot
+            self._queue(bucket, expiration)
+        elif deadline < bucket.first:
+            bucket.first = deadline
+            self._sooner(deadline)
 
     def _queue(self, bucket: Bucket, expiration: int) -> None:
         bucket.expiration = expiration

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ._operation import _wake
 from ._validation import check_instant, check_seconds
 
 __all__ = ["ManualClock"]
@@ -170,8 +171,3 @@ class ManualClock:
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self._now})"
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 import structlog
+
+from purgatory_aio.testing import ManualClock
 
 try:
     import uvloop
@@ -48,3 +50,17 @@ def pytest_asyncio_loop_factories(
     if item.get_closest_marker("one_loop") is not None:
         return {"asyncio": asyncio.new_event_loop}
     return LOOPS
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A fresh virtual clock for the test."""
+    return ManualClock()
+
+
+@pytest.fixture
+def restore_structlog() -> Iterator[None]:
+    """For tests of CLIs, which configure structlog as an application does: undo it."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

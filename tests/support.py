@@ -69,3 +69,8 @@ class Recorder:
 
     def __call__(self, *args: Any) -> None:
         self.calls.append(args[0] if len(args) == 1 else args)
+
+
+async def awaiting(op: DelayedOperation[Any]) -> Any:
+    """``await op`` as a coroutine of its own, to run as a separate task."""
+    return await op

@@ -5,12 +5,10 @@ every operation and that the records have the shape the report relies on."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 import purgatory_aio
 from bench import __main__ as cli
@@ -147,14 +145,6 @@ def test_report_builds_summary_and_charts_from_records(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     assert (tmp_path / "w1_cpu_per_op.png").stat().st_size > 0
     assert (tmp_path / "lateness.png").stat().st_size > 0
-
-
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    """The CLI configures structlog as an application does; other tests expect theirs."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 @pytest.mark.usefixtures("restore_structlog")

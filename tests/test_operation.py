@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from support import AsyncOperation, FailingOperation, MockOperation
+from support import AsyncOperation, FailingOperation, MockOperation, awaiting
 
 from purgatory_aio import DelayedOperation
 
@@ -109,7 +109,7 @@ async def test_awaiting_a_completed_operation_returns_at_once() -> None:
 
 async def test_awaiting_an_operation_completed_from_another_thread() -> None:
     op = MockOperation(1)
-    waiter = asyncio.ensure_future(_wait(op))
+    waiter = asyncio.ensure_future(awaiting(op))
     await asyncio.sleep(0)
     thread = threading.Thread(target=op.force_complete)
     thread.start()
@@ -117,14 +117,10 @@ async def test_awaiting_an_operation_completed_from_another_thread() -> None:
     assert await asyncio.wait_for(waiter, 5) == "completed"
 
 
-async def _wait(op: MockOperation) -> str:
-    return await op
-
-
 async def test_a_cancelled_awaiter_does_not_cancel_the_operation_for_others() -> None:
     op = MockOperation(1)
-    first = asyncio.ensure_future(_wait(op))
-    second = asyncio.ensure_future(_wait(op))
+    first = asyncio.ensure_future(awaiting(op))
+    second = asyncio.ensure_future(awaiting(op))
     await asyncio.sleep(0)
     first.cancel()
     await asyncio.sleep(0)
@@ -135,7 +131,7 @@ async def test_a_cancelled_awaiter_does_not_cancel_the_operation_for_others() ->
 
 async def test_cancel_wakes_awaiters_with_cancelled_error() -> None:
     op = MockOperation(1)
-    waiter = asyncio.ensure_future(_wait(op))
+    waiter = asyncio.ensure_future(awaiting(op))
     await asyncio.sleep(0)
     op.cancel()
     with pytest.raises(asyncio.CancelledError):

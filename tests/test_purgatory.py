@@ -8,16 +8,11 @@ import threading
 from typing import Any
 
 import pytest
-from support import AsyncOperation, FailingOperation, MockOperation, settled_once
+from support import AsyncOperation, FailingOperation, MockOperation, awaiting, settled_once
 
-from purgatory_aio import DelayedOperation, Purgatory, PurgatoryClosed
+from purgatory_aio import Purgatory, PurgatoryClosed
 from purgatory_aio.events import OperationEvent
 from purgatory_aio.testing import ManualClock
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 async def test_request_satisfaction(clock: ManualClock) -> None:
@@ -244,15 +239,11 @@ async def test_await_returns_the_result_to_many_waiters(clock: ManualClock) -> N
     async with Purgatory("mock", clock=clock) as p:
         op = MockOperation(1)
         await p.try_complete_else_watch(op, ["k"])
-        waiters = [asyncio.ensure_future(_await(op)) for _ in range(5)]
+        waiters = [asyncio.ensure_future(awaiting(op)) for _ in range(5)]
         await asyncio.sleep(0)
         op.completable = True
         p.check_and_complete("k")
         assert await asyncio.gather(*waiters) == ["completed"] * 5
-
-
-async def _await(op: DelayedOperation[Any]) -> Any:
-    return await op
 
 
 async def test_on_expiration_runs_after_on_complete_only_when_expired(clock: ManualClock) -> None:

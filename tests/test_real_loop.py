@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 
-from support import MockOperation
+from support import MockOperation, awaiting
 
 from purgatory_aio import Purgatory, Timer
 
@@ -39,15 +39,12 @@ async def test_real_timers_fire_never_early_and_all_fire() -> None:
 async def test_real_purgatory_expires_and_completes() -> None:
     async with Purgatory("real") as p:
         slow, fast = MockOperation(0.05), MockOperation(5)
-        start = time.monotonic()
+        slow.clock = p.clock  # on_complete records when it ran, in the purgatory's clock
+        start = p.clock.time()
         await p.try_complete_else_watch(slow, ["k"])
         await p.try_complete_else_watch(fast, ["k"])
         fast.completable = True
         assert p.check_and_complete("k") == 1
-        assert await asyncio.wait_for(_wait(slow), 5) == "expired"
-        assert time.monotonic() - start >= 0.05
+        assert await asyncio.wait_for(awaiting(slow), 5) == "expired"
+        assert slow.completed_at is not None and slow.completed_at - start >= 0.05
         assert await fast == "completed"
-
-
-async def _wait(op: MockOperation) -> str:
-    return await op

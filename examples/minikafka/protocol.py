@@ -14,6 +14,12 @@ from .errors import ErrorCode
 from .records import Record, TopicPartition
 from .validation import check_int, check_seconds
 
+
+def no_latency() -> float:
+    """The default network delay of a request or response: none."""
+    return 0.0
+
+
 #: ``replica_id`` of a fetch sent by a consumer rather than by a follower broker.
 CONSUMER_REPLICA_ID: Final = -1
 

@@ -68,11 +68,6 @@ def _outcome_counts() -> list[Column]:
     return [F.count(F.when(_is(outcome), 1)).alias(outcome) for outcome in OUTCOMES]
 
 
-def group_stats(events: DataFrame) -> DataFrame:
-    """One row per (purgatory, op_type) with the :func:`group_aggregates`."""
-    return events.groupBy(*GROUP).agg(*group_aggregates())
-
-
 def group_aggregates() -> list[Column]:
     """Every per-(purgatory, op_type) figure a single pass can give.
 

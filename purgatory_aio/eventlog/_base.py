@@ -17,6 +17,7 @@ from typing import ClassVar, Generic, Self, TypeVar
 
 import structlog
 
+from purgatory_aio._validation import check_positive_int, check_positive_seconds
 from purgatory_aio.events import OperationEvent
 
 logger = structlog.get_logger()
@@ -77,20 +78,15 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         flush_seconds: float = 1.0,
         prefix: str = "events",
     ) -> None:
-        _check_positive("batch_size", batch_size, int)
-        _check_positive("roll_bytes", roll_bytes, int)
-        _check_positive("roll_seconds", roll_seconds, float)
-        _check_positive("queue_size", queue_size, int)
-        _check_positive("flush_seconds", flush_seconds, float)
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.roll_bytes = check_positive_int(roll_bytes, "roll_bytes")
+        self.roll_seconds = check_positive_seconds(roll_seconds, "roll_seconds")
+        self.queue_size = check_positive_int(queue_size, "queue_size")
+        self.flush_seconds = check_positive_seconds(flush_seconds, "flush_seconds")
         if not prefix or os.sep in prefix or prefix.startswith((".", "_")):
             raise ValueError(f"prefix must be a plain, visible file name part, got {prefix!r}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.batch_size = batch_size
-        self.roll_bytes = roll_bytes
-        self.roll_seconds = float(roll_seconds)
-        self.queue_size = queue_size
-        self.flush_seconds = float(flush_seconds)
         self.prefix = prefix
 
         # A deque appended by the producer and popped by the worker needs no lock:
@@ -98,7 +94,6 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         self._pending: collections.deque[OperationEvent] = collections.deque()
         self._wakeup = threading.Event()
         self._closing = False
-        self._closed = False
         self._close_lock = threading.Lock()
         self._dropped = 0
         self._written = 0
@@ -169,10 +164,9 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
             timeout: Seconds to wait for the worker; ``None`` waits until it is done.
         """
         with self._close_lock:
-            if self._closed:
+            if self._closing:
                 return
-            self._closed = True
-        self._closing = True
+            self._closing = True
         self._wakeup.set()
         self._thread.join(timeout)
         atexit.unregister(self.close)
@@ -296,14 +290,16 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
             return len(batch), self._encode(batch)
         except Exception:
             pass
-        good = [event for event in batch if self._encodes(event)]
-        bad = len(batch) - len(good)
-        self._failed += bad
+        good: list[OperationEvent] = []
+        bad: list[OperationEvent] = []
+        for event in batch:
+            (good if self._encodes(event) else bad).append(event)
+        self._failed += len(bad)
         logger.error(
             "eventlog.unencodable_records",
             writer=type(self).__name__,
-            dropped=bad,
-            example=repr(next(e for e in batch if not self._encodes(e)))[:500],
+            dropped=len(bad),
+            example=repr(bad[0])[:500],
         )
         if not good:
             return None
@@ -364,12 +360,3 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
                 )
             self._drops_reported = dropped
             self._drops_reported_at = now
-
-
-def _check_positive(name: str, value: object, kind: type[int] | type[float]) -> None:
-    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float))
-    if wrong_type or (kind is int and not isinstance(value, int)):
-        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, got {value!r}")
-    assert isinstance(value, (int, float))
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import IO
 
 from purgatory_aio.eventlog._base import QueuedEventWriter
-from purgatory_aio.events import COLUMNS, OperationEvent
+from purgatory_aio.events import OperationEvent
 
 # allow_nan=False: NaN is not JSON, and Spark would read the whole line as corrupt.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -53,7 +53,7 @@ class JsonLinesWriter(QueuedEventWriter[bytes]):
 
     def _encode(self, events: Sequence[OperationEvent]) -> bytes:
         dumps = _ENCODER.encode
-        lines = [dumps(dict(zip(COLUMNS, event, strict=True))) for event in events]
+        lines = [dumps(event.as_dict()) for event in events]
         lines.append("")
         return "\n".join(lines).encode("utf-8")
 

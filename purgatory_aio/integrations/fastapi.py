@@ -305,13 +305,14 @@ class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, *, header: str = "x-request-id") -> None:
         self.app = app
         self._header = header.lower()
+        self._header_bytes = self._header.encode("latin-1")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         supplied = None
-        name = self._header.encode("latin-1")
+        name = self._header_bytes
         for key, value in scope["headers"]:
             if key == name:
                 supplied = value.decode("latin-1")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 from aiohttp import web
 
-from purgatory_aio import DelayedOperation
+from purgatory_aio import DelayedOperation, Purgatory
 from purgatory_aio.integrations.fastapi import Server
 
 #: Upper bound on any single wait in these tests: a hang guard, never a timing claim.
@@ -58,7 +58,6 @@ class Served:
 
     url: str
     stop: Callable[[], Any]
-    server: Any = None
 
 
 def _loopback_socket() -> socket.socket:
@@ -90,7 +89,7 @@ async def serve_asgi(
         if task.done():
             task.result()
             raise AssertionError("uvicorn stopped during startup")
-        yield Served(f"http://127.0.0.1:{port}", stop, server)
+        yield Served(f"http://127.0.0.1:{port}", stop)
     finally:
         if not task.done():
             await stop()
@@ -114,6 +113,18 @@ async def serve_aiohttp(app: web.Application, **runner: Any) -> AsyncIterator[Se
         site = web.TCPSite(app_runner, "127.0.0.1", 0, backlog=2048)
         await site.start()
         port = app_runner.addresses[0][1]
-        yield Served(f"http://127.0.0.1:{port}", stop, app_runner)
+        yield Served(f"http://127.0.0.1:{port}", stop)
     finally:
         await stop()
+
+
+async def assert_disconnect_withdraws(
+    purgatory: Purgatory, box: Box, request: Awaitable[Any]
+) -> None:
+    """A client that goes away mid-poll withdraws its operation: cancelled, never completed."""
+    poll = asyncio.ensure_future(request)
+    await wait_until(lambda: purgatory.num_delayed == 1, "the poll to wait")
+    poll.cancel()
+    await wait_until(lambda: purgatory.num_delayed == 0, "the poll to be withdrawn")
+    assert purgatory.stats().cancelled == 1
+    assert box.completed == []

@@ -9,7 +9,14 @@ import aiohttp
 import pytest
 import structlog
 from aiohttp import web
-from http_support import HANG_GUARD, Box, WaitForValue, serve_aiohttp, wait_until
+from http_support import (
+    HANG_GUARD,
+    Box,
+    WaitForValue,
+    assert_disconnect_withdraws,
+    serve_aiohttp,
+    wait_until,
+)
 from prometheus_client import CollectorRegistry
 
 from purgatory_aio import Purgatory
@@ -109,12 +116,9 @@ async def test_a_client_disconnecting_mid_poll_leaves_nothing_pending(
         serve_aiohttp(app, handler_cancellation=handler_cancellation) as served,
         aiohttp.ClientSession(served.url) as session,
     ):
-        poll = asyncio.ensure_future(session.request(method, "/wait", json={"a": 1}))
-        await wait_until(lambda: purgatory.num_delayed == 1, "the poll to wait")
-        poll.cancel()
-        await wait_until(lambda: purgatory.num_delayed == 0, "the poll to be withdrawn")
-        assert purgatory.stats().cancelled == 1
-        assert box.completed == []
+        await assert_disconnect_withdraws(
+            purgatory, box, session.request(method, "/wait", json={"a": 1})
+        )
 
 
 async def test_a_kept_alive_connection_serves_polls_after_a_withdrawn_one(box: Box) -> None:
@@ -138,12 +142,7 @@ async def test_cancel_on_disconnect_withdraws_an_operation_awaited_inside(box: B
         serve_aiohttp(make_app(purgatory, box)) as served,
         aiohttp.ClientSession(served.url) as session,
     ):
-        poll = asyncio.ensure_future(session.get("/scoped"))
-        await wait_until(lambda: purgatory.num_delayed == 1)
-        poll.cancel()
-        await wait_until(lambda: purgatory.num_delayed == 0)
-        assert purgatory.stats().cancelled == 1
-        assert box.completed == []
+        await assert_disconnect_withdraws(purgatory, box, session.get("/scoped"))
 
 
 async def test_server_shutdown_answers_every_pending_poll_at_once(box: Box) -> None:

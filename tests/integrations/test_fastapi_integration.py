@@ -12,7 +12,14 @@ import pytest
 import structlog
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from http_support import HANG_GUARD, Box, WaitForValue, serve_asgi, wait_until
+from http_support import (
+    HANG_GUARD,
+    Box,
+    WaitForValue,
+    assert_disconnect_withdraws,
+    serve_asgi,
+    wait_until,
+)
 from prometheus_client import CollectorRegistry
 
 from purgatory_aio import Purgatory
@@ -129,12 +136,9 @@ async def test_a_client_disconnecting_mid_poll_leaves_nothing_pending(
         serve_asgi(make_app(purgatory, box)) as served,
         httpx.AsyncClient(base_url=served.url, timeout=HANG_GUARD) as client,
     ):
-        poll = asyncio.ensure_future(client.request(method, "/wait", json={"a": 1}))
-        await wait_until(lambda: purgatory.num_delayed == 1, "the poll to wait")
-        poll.cancel()
-        await wait_until(lambda: purgatory.num_delayed == 0, "the poll to be withdrawn")
-        assert purgatory.stats().cancelled == 1
-        assert box.completed == []
+        await assert_disconnect_withdraws(
+            purgatory, box, client.request(method, "/wait", json={"a": 1})
+        )
 
 
 async def test_cancel_on_disconnect_withdraws_an_operation_awaited_inside(box: Box) -> None:
@@ -143,12 +147,7 @@ async def test_cancel_on_disconnect_withdraws_an_operation_awaited_inside(box: B
         serve_asgi(make_app(purgatory, box)) as served,
         httpx.AsyncClient(base_url=served.url, timeout=HANG_GUARD) as client,
     ):
-        poll = asyncio.ensure_future(client.get("/scoped"))
-        await wait_until(lambda: purgatory.num_delayed == 1)
-        poll.cancel()
-        await wait_until(lambda: purgatory.num_delayed == 0)
-        assert purgatory.stats().cancelled == 1
-        assert box.completed == []
+        await assert_disconnect_withdraws(purgatory, box, client.get("/scoped"))
 
 
 async def test_server_shutdown_answers_every_pending_poll_at_once(box: Box) -> None:

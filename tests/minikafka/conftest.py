@@ -16,11 +16,6 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 def drive(clock: ManualClock) -> Drive:
     async def run(awaitable: Awaitable[T], *, step: float = 0.01, limit: float = 120.0) -> T:
         task = asyncio.ensure_future(awaitable)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from minikafka.broker import PURGATORY_NAMES
 from minikafka.cli import main
 from minikafka.sim import FAULTS, SimConfig, run_simulation
@@ -17,13 +15,8 @@ from purgatory_aio.events import COLUMNS, OUTCOMES
 
 SHORT_RUN = ["--virtual-time", "--duration", "15", "--quiet"]
 
-
-@pytest.fixture(autouse=True)
-def keep_logging_config() -> Iterator[None]:
-    """main() configures structlog, as an application does; undo it for the other tests."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
+# main() configures structlog, as an application does; undo it for the other tests.
+pytestmark = pytest.mark.usefixtures("restore_structlog")
 
 
 def run_cli(*args: str) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from purgatory_aio import DelayedOperation
@@ -23,18 +22,12 @@ class DelayedFetch(DelayedOperation[FetchResponse]):
     arrived, possibly nothing.
     """
 
-    __slots__ = ("_replicas", "_request", "_respond")
+    __slots__ = ("_replicas", "_request")
 
-    def __init__(
-        self,
-        request: FetchRequest,
-        replicas: ReplicaManager,
-        respond: Callable[[FetchResponse], None] | None = None,
-    ) -> None:
+    def __init__(self, request: FetchRequest, replicas: ReplicaManager) -> None:
         super().__init__(request.max_wait)
         self._request = request
         self._replicas = replicas
-        self._respond = respond
 
     @property
     def request(self) -> FetchRequest:
@@ -44,7 +37,4 @@ class DelayedFetch(DelayedOperation[FetchResponse]):
         return self._replicas.fetch_satisfied(self._request) and self.force_complete()
 
     def on_complete(self) -> FetchResponse:
-        response = self._replicas.read(self._request)
-        if self._respond is not None:
-            self._respond(response)
-        return response
+        return self._replicas.read(self._request)

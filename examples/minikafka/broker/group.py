@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from ..protocol import JoinGroupResponse
 from ..records import TopicPartition
-
-if TYPE_CHECKING:
-    from .delayed_join import DelayedJoin
 
 
 class GroupKey(NamedTuple):
@@ -84,7 +81,7 @@ class Member:
 class Group:
     """A consumer group: its members, generation, state and committed offsets."""
 
-    __slots__ = ("generation", "group_id", "join", "leader_id", "members", "offsets", "state")
+    __slots__ = ("generation", "group_id", "leader_id", "members", "offsets", "state")
 
     def __init__(self, group_id: str) -> None:
         self.group_id = group_id
@@ -93,7 +90,6 @@ class Group:
         self.leader_id = ""
         # Insertion-ordered: the oldest member leads and assignment order is reproducible.
         self.members: dict[str, Member] = {}
-        self.join: DelayedJoin | None = None
         self.offsets: dict[TopicPartition, int] = {}
 
     @property

@@ -217,7 +217,6 @@ class GroupCoordinator:
             self._heartbeat.check_and_complete(MemberKey(group.group_id, member.member_id))
             self._event(group, "member_dropped", member.member_id, "missed the join barrier")
         group.generation += 1
-        group.join = None
         members = list(group.members.values())
         if not members:
             group.state = GroupState.EMPTY
@@ -256,7 +255,7 @@ class GroupCoordinator:
         group.state = GroupState.PREPARING_REBALANCE
         self._event(group, "rebalance_started", detail=reason)
         timeout = max((m.rebalance_timeout for m in group.members.values()), default=0.0)
-        op = group.join = DelayedJoin(timeout, self, group)
+        op = DelayedJoin(timeout, self, group)
         await self._join.try_complete_else_watch(op, (group.key,))
 
     async def _remove_member(

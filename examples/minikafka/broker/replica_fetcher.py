@@ -11,16 +11,12 @@ import structlog
 from purgatory_aio import Clock
 
 from ..errors import ErrorCode
-from ..protocol import FetchRequest
+from ..protocol import FetchRequest, no_latency
 from ..records import TopicPartition
 from .config import BrokerConfig
 from .replica_manager import ReplicaManager
 
 _log = structlog.get_logger("minikafka.replica_fetcher")
-
-
-def _no_latency() -> float:
-    return 0.0
 
 
 class ReplicaFetcher:
@@ -50,7 +46,7 @@ class ReplicaFetcher:
         replicas: ReplicaManager,
         clock: Clock,
         config: BrokerConfig,
-        latency: Callable[[], float] = _no_latency,
+        latency: Callable[[], float] = no_latency,
     ) -> None:
         self.broker_id = broker_id
         self.leader_id = leader_id

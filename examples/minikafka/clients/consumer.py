@@ -11,15 +11,11 @@ from purgatory_aio import Clock
 
 from ..broker.cluster import Cluster
 from ..errors import ErrorCode, KafkaError
-from ..protocol import FetchRequest
+from ..protocol import FetchRequest, no_latency
 from ..records import Record, TopicPartition
 from .config import ConsumerConfig
 
 _log = structlog.get_logger("minikafka.consumer")
-
-
-def _no_latency() -> float:
-    return 0.0
 
 
 class ConsumerRecord(NamedTuple):
@@ -71,7 +67,7 @@ class Consumer:
         cluster: Cluster,
         config: ConsumerConfig,
         *,
-        response_latency: Callable[[], float] = _no_latency,
+        response_latency: Callable[[], float] = no_latency,
     ) -> None:
         self.config = config
         self._cluster = cluster

@@ -13,7 +13,7 @@ from purgatory_aio import Clock, Timer, TimerHandle
 
 from ..broker.cluster import Cluster
 from ..errors import ErrorCode, KafkaError
-from ..protocol import ProduceRequest, ProduceResponse
+from ..protocol import ProduceRequest, ProduceResponse, no_latency
 from ..records import Record, TopicPartition
 from .accumulator import Delivery, ProducerBatch, RecordAccumulator, SendCallback
 from .config import ProducerConfig
@@ -21,10 +21,6 @@ from .metadata import RecordMetadata
 from .partitioner import Partitioner
 
 _log = structlog.get_logger("minikafka.producer")
-
-
-def _no_latency() -> float:
-    return 0.0
 
 
 class ProducerStats:
@@ -81,7 +77,7 @@ class Producer:
         *,
         producer_id: int = 0,
         timer: Timer | None = None,
-        response_latency: Callable[[], float] = _no_latency,
+        response_latency: Callable[[], float] = no_latency,
     ) -> None:
         self.config = config = config or ProducerConfig()
         self._cluster = cluster
