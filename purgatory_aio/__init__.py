@@ -11,7 +11,7 @@ from ._clock import LoopClock as LoopClock
 from ._errors import PurgatoryClosed as PurgatoryClosed
 from ._operation import DelayedOperation as DelayedOperation
 from ._purgatory import Purgatory as Purgatory
-from ._purgatory import PurgatoryStats as PurgatoryStats
+from ._stats import PurgatoryStats as PurgatoryStats
 from ._timer import Timer as Timer
 from ._timer import TimerHandle as TimerHandle
 from .events import EventSink as EventSink

@@ -40,3 +40,22 @@ class Bucket:
 
     def __repr__(self) -> str:
         return f"<Bucket level={self.level} expiration={self.expiration} size={len(self.entries)}>"
+
+
+class Carry(Bucket):
+    """A cascade in progress: entries of a large higher-level bucket still to be placed.
+
+    It is queued like a bucket (a carry ranks after level 0 at equal due ticks) and
+    each reaper pass places the next chunk of its entries, so a bucket holding a
+    large share of everything pending never stalls the loop in one go.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, entries: dict[TimerEntry, None]) -> None:
+        super().__init__(CARRY_LEVEL)
+        self.entries = entries
+
+
+#: The level a carry is queued at: after every wheel level at an equal due tick.
+CARRY_LEVEL = -1

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -20,12 +20,24 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+class Quiescent(Protocol):
+    """What a purgatory shows its clock: the callback tasks it still has running."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def busy_tasks(self) -> Sequence[asyncio.Task[Any]]: ...
+
+
 @runtime_checkable
 class Clock(Protocol):
     """Time source and wake-up scheduler used by :class:`~purgatory_aio.Timer`.
 
     ``time()`` is monotonic seconds; ``epoch_offset`` converts it to Unix time
-    (``time() + epoch_offset``) for event records.
+    (``time() + epoch_offset``) for event records. ``attach(owner)`` is called
+    once by each purgatory that starts on the clock: a clock that moves time
+    itself (``ManualClock``) waits for the owner's callback tasks; a real clock
+    ignores it.
     """
 
     @property
@@ -38,6 +50,8 @@ class Clock(Protocol):
         ...
 
     async def sleep(self, delay: float) -> None: ...
+
+    def attach(self, owner: Quiescent) -> None: ...
 
 
 class LoopClock:
@@ -74,6 +88,9 @@ class LoopClock:
 
     async def sleep(self, delay: float) -> None:
         await asyncio.sleep(delay)
+
+    def attach(self, owner: Quiescent) -> None:
+        """Real time waits for nobody."""
 
     def __repr__(self) -> str:
         return "LoopClock()"

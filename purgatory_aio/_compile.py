@@ -27,7 +27,8 @@ COMPILED_MODULES = (
     "_states",
     "_validation",
     "_timer",
-    "_callbacks",
+    "_watches",
+    "_lifecycle",
     "_operation",
     "_purgatory",
 )

@@ -1,11 +1,13 @@
 """DelayedOperation: completes when its condition holds, or at its deadline at the latest.
 
-The life of an operation is one guarded transition out of *pending* — to
-completed (satisfied, expired or shut down) or to cancelled — followed, for a
-completion, by its callbacks and then its *settlement*, when awaiters are
-released. The transition is taken under one lock, so exactly one of any number
+An operation owns exactly one thing: its state word. Each transition out of
+*pending* — completed (satisfied, expired or shut down) or cancelled — is one
+guarded update of that word, taken under one lock, so exactly one of any number
 of concurrent ``force_complete``/expiration/``cancel``/shutdown calls wins, from
-whichever thread.
+whichever thread. The winner hands the operation to its owner
+(:class:`~purgatory_aio._lifecycle.Lifecycle`), which does everything that
+follows — timer and watch bookkeeping, callbacks, settlement, awaiters, counters
+and events — in one place.
 """
 
 from __future__ import annotations
@@ -13,31 +15,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import threading
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, SupportsFloat, TypeVar, final
+from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar, final
 
-from ._callbacks import run_callbacks, settle
+from ._lifecycle import DETACHED, Lifecycle
 from ._native import mypyc_attr
-from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, FAILED, SETTLED, SHUTDOWN, describe
+from ._states import (
+    CANCELLED,
+    COMPLETED,
+    ENDED,
+    EXPIRED,
+    FAILED,
+    SETTLED,
+    acquire,
+    describe,
+    release,
+    transition,
+)
 from ._timer import TimerEntry
 from ._validation import INF, check_seconds
+from ._watches import NOT_WATCHED
 
-if TYPE_CHECKING:
-    from ._purgatory import Purgatory
-
-__all__ = ["DelayedOperation", "try_guarded"]
+__all__ = ["DelayedOperation"]
 
 R = TypeVar("R")
-
-# One lock for every state transition: held for a few bytecodes, never across a call
-# into user code, so contention is negligible and no per-operation lock is allocated.
-_TRANSITION: Final = threading.Lock()
-_acquire: Final = _TRANSITION.acquire
-_release_lock: Final = _TRANSITION.release
-_get_ident: Final = threading.get_ident
-_running_loop: Final = asyncio._get_running_loop
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -66,7 +68,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         ...         return self.log.end
     """
 
-    __slots__ = ("_busy", "_keys", "_outcome", "_purgatory", "_state", "_timeout", "_waiter")
+    __slots__ = ("_busy", "_keys", "_outcome", "_owner", "_state", "_store", "_timeout", "_waiter")
 
     op_type: ClassVar[str | None] = None
     offload_callbacks: ClassVar[bool] = False
@@ -108,8 +110,9 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._state = 0
         self._busy = False
         self._bucket = None
-        self._purgatory: Purgatory | None = None
-        self._keys: tuple[Hashable, ...] | None = None
+        self._owner: Lifecycle = DETACHED
+        self._keys: tuple[Hashable, ...] = ()
+        self._store = NOT_WATCHED  # see _watches
         self._waiter: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
         self._outcome: Any = None
 
@@ -128,10 +131,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         return None
 
     # -- state -------------------------------------------------------------------------------
-    # Methods marked @final are not meant to be overridden. The two internal steps every
-    # operation goes through, try_guarded() and settle(), are module functions: the
-    # compiled build calls those directly, where a method call on a subclass defined in
-    # Python code would look the method up by name first.
+    # Methods marked @final are not meant to be overridden.
 
     @property
     @final
@@ -142,13 +142,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @final
     def deadline(self) -> float | None:
         """Clock time at which it expires, once handed to a purgatory."""
-        return self._deadline if self._purgatory is not None else None
+        return self._deadline if self._owner is not DETACHED else None
 
     @property
     @final
     def keys(self) -> tuple[Hashable, ...]:
-        """The keys it is (or was) watched under; empty if never watched."""
-        return self._keys or ()
+        """The keys it was handed to a purgatory with; empty before that."""
+        return self._keys
 
     @property
     @final
@@ -194,101 +194,44 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             raise asyncio.CancelledError("operation was cancelled")
         return self._outcome if state & FAILED else None
 
-    # -- transitions -------------------------------------------------------------------------
+    # -- transitions: flip the state word, report who won, hand the winner to the owner ------
 
     def force_complete(self) -> bool:
         """Complete now; True only for the one call that completed it.
 
         Removes it from the timer and runs :meth:`on_complete`. Safe from any
-        thread: off the purgatory's loop thread the bookkeeping and callbacks are
-        handed to the loop.
+        thread: off the purgatory's loop thread the rest is handed to the loop.
         """
-        # The lock's bound methods rather than ``with``: in the compiled build a
-        # with-statement looks __enter__ and __exit__ up on every call.
-        _acquire()
+        owner = self._owner
+        if owner is DETACHED:
+            DETACHED.check_can_complete(self)  # refuses before anything changes
+        # transition(), inlined: this is every satisfied operation's path.
+        acquire()
         try:
             state = self._state
             if state & ENDED:
                 return False
             self._state = state | COMPLETED
         finally:
-            _release_lock()
-        purgatory = self._purgatory
-        if purgatory is None:
-            run_callbacks(self, None)
-        elif purgatory._thread_id == _get_ident():
-            purgatory._completed(self, None)
-        else:
-            purgatory._on_loop(purgatory._completed, self, None)
+            release()
+        owner.completed(self, None)
         return True
 
     def cancel(self) -> bool:
         """Withdraw a pending operation: ``on_complete`` never runs, awaiters get
         :class:`asyncio.CancelledError`. True if this call withdrew it."""
-        with _TRANSITION:
-            if self._state & ENDED:
-                return False
-            self._state |= CANCELLED | SETTLED
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._on_loop(purgatory._cancelled, self)
-        self._release()
+        if not transition(self, CANCELLED):
+            return False
+        self._owner.cancelled(self)
         return True
 
     @final
     def _fire(self) -> None:
-        """The timer says the deadline has passed."""
-        _acquire()
-        try:
-            state = self._state
-            if state & ENDED:
-                return
-            self._state = state | COMPLETED | EXPIRED
-        finally:
-            _release_lock()
-        purgatory = self._purgatory
-        assert purgatory is not None
-        purgatory._on_expired(self)
+        """The timer says the deadline has passed (always on the loop thread)."""
+        if transition(self, COMPLETED | EXPIRED):
+            self._owner.expired(self)
 
-    @final
-    def _expire_for_shutdown(self) -> bool:
-        with _TRANSITION:
-            if self._state & ENDED:
-                return False
-            self._state |= COMPLETED | EXPIRED | SHUTDOWN
-        return True
-
-    @final
-    def _fail_from_try_complete(self, exc: Exception) -> bool:
-        with _TRANSITION:
-            if self._state & ENDED:
-                won = False
-            else:
-                self._state |= COMPLETED
-                won = True
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._callback_failed(self, exc, "try_complete")
-        if not won:
-            return False
-        if purgatory is not None:
-            purgatory._on_loop(purgatory._completed, self, exc)
-        else:
-            settle(self, exc, True)
-        return True
-
-    # -- settlement and awaiting -------------------------------------------------------------
-
-    @final
-    def _release(self) -> None:
-        waiter = self._waiter
-        if waiter is None:
-            return
-        if isinstance(waiter, list):
-            for future in waiter:
-                _release_one(future)
-        else:
-            _release_one(waiter)
+    # -- awaiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, R]:
         if not self._state & SETTLED:
@@ -306,7 +249,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             # and publishing the future; it then found nothing to wake.
             if self._state & SETTLED:
                 future.set_result(None)
-            yield from future
+            try:
+                yield from future
+            finally:
+                # An awaiter that gives up (a timeout, a cancelled handler) lets go of its
+                # future at once, as asyncio.Event.wait does, rather than at settlement.
+                if not future.done() or future.cancelled():
+                    _forget(self, future)
         return self.result()
 
     def __repr__(self) -> str:
@@ -314,23 +263,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         return f"<{type(self).__name__} {status} timeout={self._timeout}>"
 
 
-def try_guarded(op: DelayedOperation[Any]) -> bool:
-    """``op.try_complete()`` guarded against re-entrant calls; True only for a real completion.
-
-    An exception from ``try_complete`` settles the operation with that exception
-    (it could otherwise be left pending with a condition that can never be checked).
-    """
-    if op._busy or op._state & ENDED:
-        return False
-    op._busy = True
-    try:
-        if op.try_complete():
-            return op._state & COMPLETED != 0
-        return False
-    except Exception as exc:
-        return op._fail_from_try_complete(exc)
-    finally:
-        op._busy = False
+def _forget(op: DelayedOperation[Any], future: asyncio.Future[None]) -> None:
+    waiter = op._waiter
+    if waiter is future:
+        op._waiter = None
+    elif isinstance(waiter, list):
+        with contextlib.suppress(ValueError):
+            waiter.remove(future)
 
 
 def _is_abstract(cls: type, name: str) -> bool:
@@ -339,20 +278,3 @@ def _is_abstract(cls: type, name: str) -> bool:
     return owner is DelayedOperation or bool(
         getattr(owner.__dict__[name], "__isabstractmethod__", False)
     )
-
-
-def _release_one(future: asyncio.Future[None]) -> None:
-    if future.done():
-        return
-    loop = future.get_loop()
-    if _running_loop() is loop:
-        future.set_result(None)
-    else:
-        # RuntimeError: that loop is closed, so nobody is left to wake.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_wake, future)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

@@ -1,10 +1,16 @@
-"""Bits of an operation's state word.
+"""Bits of an operation's state word, and the one guarded update of it.
 
 One int holds the whole life of an operation, so reading any part of it is a
 single attribute load, and the winning transition is one guarded update.
 """
 
-from typing import Final
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._operation import DelayedOperation
 
 COMPLETED: Final = 1  # won the transition to completed; on_complete runs (or ran)
 EXPIRED: Final = 2  # ... because the deadline passed (or shutdown expired it)
@@ -27,3 +33,25 @@ def describe(state: int) -> str:
     if state & COMPLETED:
         return "completed"
     return "pending"
+
+
+# One lock for every state transition: held for a few bytecodes, never across a call
+# into user code, so contention is negligible and no per-operation lock is allocated.
+_TRANSITION: Final = threading.Lock()
+# The lock's bound methods rather than ``with``: in the compiled build a with-statement
+# looks __enter__ and __exit__ up on every call (measured: 0.6k instructions per op).
+acquire: Final = _TRANSITION.acquire
+release: Final = _TRANSITION.release
+
+
+def transition(op: DelayedOperation[Any], bits: int) -> bool:
+    """Set ``bits`` if ``op`` is still pending; True for the one caller that did."""
+    acquire()
+    try:
+        state = op._state
+        if state & ENDED:
+            return False
+        op._state = state | bits
+        return True
+    finally:
+        release()

@@ -28,10 +28,10 @@ from itertools import islice
 from operator import attrgetter
 from typing import Any, Final, SupportsFloat, SupportsIndex
 
-import structlog
-
-from ._bucket import Bucket
+from ._bucket import Bucket, Carry
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
+from ._errors import FATAL
+from ._logging import get_logger
 from ._native import mypyc_attr
 from ._validation import (
     check_callable,
@@ -44,9 +44,14 @@ from ._wheel import Wheel
 
 __all__ = ["Timer", "TimerEntry", "TimerHandle"]
 
-_log: Final = structlog.get_logger("purgatory_aio.timer")
+_log: Final = get_logger("purgatory_aio.timer")
 
 _INF: Final = math.inf
+#: Deadlines are placed at whole ticks up to this many; floats count them exactly, and
+#: at most about log(MAX_TICKS) / log(wheel_size) levels exist (12 at the default shape).
+MAX_TICKS: Final = 2**53
+#: The finest tick accepted: below it, tick arithmetic on a monotonic clock loses meaning.
+MIN_TICK: Final = 1e-9
 #: Entries a cascade re-places per loop iteration at most (see Timer._cascade_urgent).
 CASCADE_CHUNK: Final = 1024
 _by_deadline: Final = attrgetter("_deadline")
@@ -136,6 +141,7 @@ class TimerHandle(TimerEntry):
         return f"<TimerHandle {state} when={getattr(self, '_deadline', None)} {self._callback!r}>"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Timer:
     """Masses of timeouts at O(1) per add and cancel, on one asyncio reaper.
 
@@ -147,23 +153,29 @@ class Timer:
         ...     assert len(timer) == 0
 
     Args:
-        tick: width of a level-0 slot in seconds; the worst-case lateness of a
-            callback beyond event-loop delay.
+        tick: width of a level-0 slot in seconds (at least 1 ns). A callback runs
+            once the clock has reached its deadline, never before, late only by
+            the event loop's own wake-up delay; the tick sets how many deadlines
+            share a bucket, and how far ahead one can be placed
+            (``MAX_TICKS * tick``: 285,000 years at 1 ms).
         wheel_size: slots per level.
         clock: time source; the running loop's monotonic clock by default,
             :class:`~purgatory_aio.testing.ManualClock` in tests.
 
-    A timer belongs to the event loop it is first used on and, like asyncio's
-    own scheduling calls, must be used from that loop's thread.
+    A timer can be created anywhere, but it belongs to the event loop it is
+    first used on and, like asyncio's own scheduling calls, must be used from
+    that loop's thread, from a coroutine or callback running on it. It may be
+    subclassed; it takes no weak references (neither build does).
     """
 
     __slots__ = (
-        "__weakref__",
         "_armed",
         "_armed_when",
         "_carries",
         "_clock",
         "_count",
+        "_due_tick",
+        "_epoch",
         "_heap",
         "_level0",
         "_levels",
@@ -176,6 +188,7 @@ class Timer:
         "_tick",
         "_wake",
         "errors",
+        "horizon",
         "wakeups",
     )
 
@@ -185,19 +198,32 @@ class Timer:
         wheel_size: SupportsIndex = 20,
         clock: Clock | None = None,
     ) -> None:
-        self._tick = check_positive_seconds(tick, "tick")
-        self._per_tick = 1.0 / self._tick
+        seconds = check_positive_seconds(tick, "tick")
+        if seconds < MIN_TICK:
+            raise ValueError(f"tick must be at least {MIN_TICK} s (1 ns), got {tick!r}")
         size = check_positive_int(wheel_size, "wheel_size", minimum=2)
         self._clock: Clock = DEFAULT_CLOCK if clock is None else clock
         # The clock's reading function, bound once: a call through it skips the
         # method lookup on the clock that every add would otherwise make.
         self._now: Callable[[], float] = self._clock.time
-        start = int(self._now() // self._tick)
+        now = self._now()
+        #: Deadlines (clock time) at or beyond this cannot be placed: refused.
+        self.horizon = MAX_TICKS * seconds
+        if not -self.horizon < now < self.horizon:
+            raise ValueError(
+                f"tick {tick!r} is too fine for this clock, which reads {now!r}: "
+                f"at most {MAX_TICKS} ticks can be counted"
+            )
+        self._tick = seconds
+        self._per_tick = 1.0 / seconds
+        start = int(now // seconds)
         self._level0 = Wheel(0, 1, size, start)
         self._levels = [self._level0]
         self._heap: list[tuple[int, int, int, Bucket]] = []
-        self._carries: set[Bucket] = set()  # cascades still being placed
+        self._carries: set[Carry] = set()  # cascades still being placed
         self._count = 0
+        self._due_tick = 0  # the tick of the bucket a pass is flushing
+        self._epoch = 0  # counts drains, so a pass notices close() from a callback
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._reaping = False
@@ -242,8 +268,11 @@ class Timer:
             seconds = check_seconds(delay, "delay")
         if not _callable(callback):
             check_callable(callback, "callback")
+        when = self._now() + seconds
+        if when >= self.horizon:
+            self._beyond(delay)
         handle = TimerHandle(self, callback, args)
-        self._add(handle, self._now() + seconds)
+        self._add(handle, when)
         return handle
 
     def call_at(
@@ -252,15 +281,31 @@ class Timer:
         """Run ``callback(*args)`` once the clock reads ``when`` (at once if already past)."""
         instant = check_instant(when, "when")
         check_callable(callback, "callback")
+        if instant >= self.horizon:
+            raise ValueError(
+                f"when={when!r} is beyond what this timer can place "
+                f"(up to {self.horizon:.6g} on its clock; a finer tick shortens that)"
+            )
         handle = TimerHandle(self, callback, args)
         self._add(handle, instant)
         return handle
+
+    def _beyond(self, delay: object) -> None:
+        raise ValueError(
+            f"delay {delay!r} is beyond what this timer can place "
+            f"(deadlines up to {self.horizon:.6g} on its clock; a finer tick shortens that)"
+        )
 
     def __len__(self) -> int:
         return self._count
 
     def close(self) -> None:
-        """Stop the reaper and drop every pending entry without running it."""
+        """Stop the reaper and drop every pending entry without running it.
+
+        Safe from one of the timer's own callbacks: the callbacks due in the same
+        pass that have not run yet are dropped too. The timer can be used again
+        afterwards (a new reaper starts with the next timer added).
+        """
         for entry in self._drain():
             if isinstance(entry, TimerHandle):
                 entry.cancel()
@@ -316,7 +361,7 @@ class Timer:
         before the present, so the queue is forgotten and the wheel jumps to now
         instead of cascading new entries down from stale levels.
         """
-        if self._reaper is None:
+        if self._reaper is None or self._reaper.done():
             self._start()
         elif asyncio._get_running_loop() is not self._loop:
             raise RuntimeError("this Timer belongs to another event loop (or thread)")
@@ -415,16 +460,24 @@ class Timer:
         entries.sort(key=_by_deadline)
         self._heap.clear()
         self._count = 0
+        self._epoch += 1
         self._disarm()
         return entries
 
     # -- the reaper ----------------------------------------------------------------------------
+    # One task, woken by one loop timer armed for the first deadline of the earliest
+    # queued bucket. Each wake-up is one pass of _advance: the due buckets are taken
+    # in order and each is fired (level 0), cascaded down (higher levels) or fed a
+    # chunk (a carry); then the wheels catch up with the clock.
 
     def _start(self) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise RuntimeError("a Timer must be used from a running event loop") from None
+            raise RuntimeError(
+                "a Timer must be used from a running event loop: create it anywhere, but "
+                "call call_later()/call_at() from a coroutine or callback on that loop"
+            ) from None
         if self._loop is not None and self._loop is not loop:
             raise RuntimeError("this Timer belongs to another event loop")
         self._loop = loop
@@ -438,15 +491,27 @@ class Timer:
 
     async def _reap(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        me = asyncio.current_task()
+        # A reaper replaced meanwhile (close() from a callback, then new timers) stops here.
+        while self._reaper is me:
             self._wake = wake = loop.create_future()
             self._arm_next()
             await wake
             self.wakeups += 1
             try:
                 self._advance(self._clock.time())
-            except Exception:  # never let a bug in one pass stop every future timeout
+            except FATAL:
+                # KeyboardInterrupt/SystemExit from a callback: everything else is back in
+                # place; a new reaper takes over if the loop runs on.
+                self._reaper = None
+                loop.call_soon(self._revive)
+                raise
+            except BaseException:  # a bug in one pass must not stop every later timeout
                 _log.exception("timer_reaper_error")
+
+    def _revive(self) -> None:
+        if self._reaper is None and self._count:
+            self._start()
 
     def _on_due(self) -> None:
         self._armed = None
@@ -493,113 +558,170 @@ class Timer:
         self._disarm()
 
     def _advance(self, now: float) -> None:
-        """Flush every bucket due by ``now``: fire what is due, cascade the rest down."""
-        heap = self._heap
-        tick = self._tick
-        levels = self._levels
-        carried: list[Bucket] = []
-        fired: set[int] = set()  # level-0 buckets fired in this pass
+        """One pass: flush every bucket due by ``now``, then catch the wheels up."""
+        carried: list[Carry] = []
+        epoch = self._epoch
         self._reaping = True
         try:
-            while heap:
-                expiration, _, key, bucket = heap[0]
-                # Due at the bucket's end, or from its earliest deadline on: the entries
-                # already due are fired and the rest stay for the next wake-up.
-                if expiration * tick > now and bucket.first > now:
+            fired: set[int] = set()  # level-0 buckets fired in this pass
+            while self._epoch == epoch:
+                bucket = self._next_due(now, fired)
+                if bucket is None:
+                    self._catch_up(now)
                     break
-                if key in fired and bucket.expiration == expiration:
-                    # A callback of this pass added an entry that is due already (a zero
-                    # delay, say). It runs on the next loop iteration, as loop.call_soon
-                    # would: a callback that keeps re-adding itself cannot hold the loop.
-                    break
-                _heappop(heap)
-                if bucket.expiration != expiration:
-                    continue  # queued for a rotation that was reset meanwhile
-                bucket.expiration = -1
-                if bucket.level < 0:
-                    self._feed_carry(bucket)
-                    if bucket.entries:
-                        carried.append(bucket)
-                    continue
-                for wheel in levels:
-                    wheel.advance(expiration)
-                entries = bucket.entries
-                if not entries:
-                    continue
-                if bucket.level and len(entries) > CASCADE_CHUNK:
-                    carry = self._cascade_urgent(bucket, now, expiration)
-                    if carry is not None:
-                        carried.append(carry)
-                    continue
-                bucket.entries = {}
-                if bucket.level:
-                    for entry in entries:
-                        self._place(entry, expiration)
-                    continue
-                fired.add(key)
-                # Detach the batch first: a callback may cancel or re-add any entry of it.
-                for entry in entries:
-                    entry._bucket = None
-                batch = sorted(entries, key=_by_deadline) if len(entries) > 1 else entries
-                for entry in batch:
-                    if entry._bucket is not None:
-                        self._count -= 1  # re-added by a callback: that placement stands
-                    elif entry._deadline <= now:
-                        self._count -= 1
-                        try:
-                            entry._fire()
-                        except Exception:
-                            self.errors += 1
-                            _log.exception("timer_callback_error", entry=repr(entry))
-                    elif expiration * tick > now:
-                        self._place(entry, expiration)  # later in this tick: stays
-                    else:
-                        # Float rounding put it a hair before its deadline: next tick.
-                        self._place(entry, expiration + 1)
-            # Everything due is flushed, so the wheel can catch up with the clock.
-            now_tick = int(now // tick)
-            if not heap or heap[0][0] > now_tick:
-                for wheel in levels:
-                    wheel.advance(now_tick)
-            # Unfinished cascades continue on the next loop iteration, after whatever
-            # else the loop has to run.
-            for carry in carried:
-                carry.first = _INF
-                self._queue(carry, now_tick)
+                if type(bucket) is Carry:
+                    self._feed_carry(bucket, carried)
+                elif bucket.level:
+                    self._cascade(bucket, now, carried)
+                else:
+                    fired.add(id(bucket))
+                    self._fire_bucket(bucket, now)
         finally:
             self._reaping = False
+            if self._epoch == epoch:
+                # Unfinished cascades continue on the next loop iteration, after whatever
+                # else the loop has to run (also after a fatal error, if it runs on).
+                now_tick = self._level0.current
+                for carry in carried:
+                    carry.first = _INF
+                    self._queue(carry, now_tick)
 
-    def _cascade_urgent(self, bucket: Bucket, now: float, expiration: int) -> Bucket | None:
+    def _next_due(self, now: float, fired: set[int]) -> Bucket | None:
+        """Take the earliest queued bucket if it is due by ``now``; None once none is."""
+        heap = self._heap
+        tick = self._tick
+        while heap:
+            expiration, _, key, bucket = heap[0]
+            # Due at the bucket's end, or from its earliest deadline on: the entries
+            # already due are fired and the rest stay for the next wake-up.
+            if expiration * tick > now and bucket.first > now:
+                return None
+            if key in fired and bucket.expiration == expiration:
+                # A callback of this pass added an entry that is due already (a zero
+                # delay, say). It runs on the next loop iteration, as loop.call_soon
+                # would: a callback that keeps re-adding itself cannot hold the loop.
+                return None
+            _heappop(heap)
+            if bucket.expiration != expiration:
+                continue  # queued for a rotation that was reset meanwhile
+            bucket.expiration = -1
+            if type(bucket) is not Carry:
+                for wheel in self._levels:
+                    wheel.advance(expiration)
+                if not bucket.entries:
+                    continue
+            self._due_tick = expiration
+            return bucket
+        return None
+
+    def _catch_up(self, now: float) -> None:
+        """Everything due is flushed: the wheels move on to the clock's tick."""
+        now_tick = int(now // self._tick)
+        heap = self._heap
+        if not heap or heap[0][0] > now_tick:
+            for wheel in self._levels:
+                wheel.advance(now_tick)
+
+    def _fire_bucket(self, bucket: Bucket, now: float) -> None:
+        """Fire a due level-0 bucket's entries whose deadline has passed, in deadline order."""
+        expiration = self._due_tick
+        entries = bucket.entries
+        bucket.entries = {}
+        # Detach the batch first: a callback may cancel or re-add any entry of it.
+        for entry in entries:
+            entry._bucket = None
+        batch = sorted(entries, key=_by_deadline) if len(entries) > 1 else list(entries)
+        epoch = self._epoch
+        tick = self._tick
+        for position, entry in enumerate(batch):
+            if entry._bucket is not None:
+                self._count -= 1  # re-added by a callback: that placement stands
+            elif entry._deadline <= now:
+                self._count -= 1
+                try:
+                    entry._fire()
+                except FATAL:
+                    self._put_back(batch, position + 1, expiration)
+                    raise
+                except BaseException:
+                    # Any other exception, CancelledError included: counted and logged,
+                    # and the pass goes on.
+                    self.errors += 1
+                    _log.exception("timer_callback_error", entry=repr(entry))
+                if self._epoch != epoch:
+                    # close() from the callback: the rest of the batch is dropped with it.
+                    _drop(batch, position + 1)
+                    return
+            elif expiration * tick > now:
+                self._place(entry, expiration)  # later in this tick: stays
+            else:
+                # Float rounding put it a hair before its deadline: next tick.
+                self._place(entry, expiration + 1)
+
+    def _put_back(self, batch: list[TimerEntry], start: int, expiration: int) -> None:
+        """Return the entries of a batch not yet visited to the wheel (still counted)."""
+        for entry in batch[start:]:
+            if entry._bucket is not None:
+                self._count -= 1
+            else:
+                self._place(entry, expiration)
+
+    def _cascade(self, bucket: Bucket, now: float, carried: list[Carry]) -> None:
+        """Move a due higher-level bucket's entries down to the levels that now cover them."""
+        expiration = self._due_tick
+        entries = bucket.entries
+        if len(entries) > CASCADE_CHUNK:
+            self._cascade_urgent(bucket, now, expiration, carried)
+            return
+        bucket.entries = {}
+        for entry in entries:
+            self._place(entry, expiration)
+
+    def _cascade_urgent(
+        self, bucket: Bucket, now: float, expiration: int, carried: list[Carry]
+    ) -> None:
         """Cascade a large bucket: place at once only the entries due soon.
 
         A high-level bucket can hold a large share of everything pending (one
         level-2 slot spans 400 ms at the default shape). Re-placing all of it in one
-        go would stall the loop and make every timer due meanwhile late. Instead the
-        bucket itself leaves its slot (a fresh one takes its place, so no entry is
-        touched to move it) and becomes a carry: the entries due soon are placed now,
-        the rest a chunk per loop iteration, well before any of them is due.
+        go would stall the loop and make every timer due meanwhile late. Instead its
+        entries leave the slot as a :class:`Carry` (a fresh bucket takes the slot, so
+        no entry is touched to move it): the entries due soon are placed now, the
+        rest a chunk per loop iteration, well before any of them is due.
         """
         wheel = self._levels[bucket.level]
         wheel.buckets[(expiration // wheel.tick) % wheel.size] = Bucket(bucket.level)
-        bucket.level = -1
-        entries = bucket.entries
+        # The carry shares the bucket's dict, which its entries still point to (through
+        # their _bucket), so a cancel during the cascade finds them where they are.
+        carry = Carry(bucket.entries)
+        entries = carry.entries
         # Enough lead for the chunks to finish first, at a chunk per millisecond or so.
         lead = max(2 * self._levels[wheel.level - 1].tick * self._tick, len(entries) / 500_000)
         horizon = now + lead
         for entry in [entry for entry in entries if entry._deadline < horizon]:
             del entries[entry]
             self._place(entry, expiration)
-        if not entries:
-            return None
-        self._carries.add(bucket)
-        return bucket
+        if entries:
+            self._carries.add(carry)
+            carried.append(carry)
 
-    def _feed_carry(self, carry: Bucket) -> None:
+    def _feed_carry(self, carry: Carry, carried: list[Carry]) -> None:
         """Place the next chunk of a carried cascade."""
         entries = carry.entries
         floor = self._level0.current
         for entry in list(islice(entries, CASCADE_CHUNK)):
             del entries[entry]
             self._place(entry, floor)
-        if not entries:
+        if entries:
+            carried.append(carry)
+        else:
             self._carries.discard(carry)
+
+
+def _drop(batch: list[TimerEntry], start: int) -> None:
+    """The timer was closed mid-batch: the callbacks not yet run never run."""
+    for entry in batch[start:]:
+        if entry._bucket is None and isinstance(entry, TimerHandle):
+            entry._state = _CANCELLED
+            entry._callback = None
+            entry._args = ()

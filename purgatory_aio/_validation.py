@@ -19,7 +19,14 @@ def check_seconds(value: object, what: str) -> float:
         raise TypeError(f"{what} must be a number of seconds, got {value!r}")
     if not 0.0 <= value < INF:  # also rejects NaN
         raise ValueError(f"{what} must be finite and >= 0, got {value!r}")
-    return float(value)
+    return _to_float(value, what)
+
+
+def _to_float(value: int | float, what: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the float range: finite, but not a time
+        raise ValueError(f"{what} is too large to be a time in seconds: {value!r}") from None
 
 
 def check_instant(value: object, what: str) -> float:
@@ -28,7 +35,7 @@ def check_instant(value: object, what: str) -> float:
         raise TypeError(f"{what} must be a clock time in seconds, got {value!r}")
     if not -INF < value < INF:
         raise ValueError(f"{what} must be finite, got {value!r}")
-    return float(value)
+    return _to_float(value, what)
 
 
 def check_finite(value: object, what: str) -> float:
@@ -37,6 +44,13 @@ def check_finite(value: object, what: str) -> float:
         raise TypeError(f"{what} must be a number, got {value!r}")
     if not -INF < value < INF:
         raise ValueError(f"{what} must be finite, got {value!r}")
+    return value  # an int stays exact: thresholds are often offsets
+
+
+def check_flag(value: object, what: str) -> bool:
+    """A real bool: ``1`` or ``"yes"`` are more likely mistakes than intentions."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, got {value!r}")
     return value
 
 

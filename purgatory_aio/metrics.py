@@ -43,7 +43,7 @@ __all__ = ["PurgatoryCollector", "register_purgatories"]
 _GAUGES: tuple[tuple[str, str, str], ...] = (
     ("size", "watched", "Watch-list entries, including settled ones not yet purged."),
     ("delayed_operations", "pending", "Operations waiting in the purgatory."),
-    ("watch_keys", "keys", "Keys with a watch list."),
+    ("watch_keys", "watched_keys", "Keys with a watch list or a threshold index."),
 )
 _COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("completions", "completed", "Operations completed before their deadline."),

@@ -18,23 +18,16 @@ import asyncio
 import heapq
 import itertools
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
-from ._operation import _wake
+from ._clock import Quiescent
+from ._lifecycle import wake
 from ._validation import check_instant, check_seconds
 
 __all__ = ["ManualClock"]
 
 #: 2026-01-01T00:00:00Z: virtual time 0 maps to a fixed, plausible wall-clock instant.
 DEFAULT_EPOCH = 1_767_225_600.0
-
-
-class _Quiescent(Protocol):
-    @property
-    def closed(self) -> bool: ...
-
-    def _busy_tasks(self) -> Sequence[asyncio.Future[object]]: ...
 
 
 class _ManualHandle:
@@ -77,7 +70,7 @@ class ManualClock:
         self._sleepers: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
         # Held strongly (the compiled Purgatory cannot be weakly referenced) and dropped
         # once closed with nothing left running.
-        self._watched: dict[int, _Quiescent] = {}
+        self._watched: dict[int, Quiescent] = {}
 
     @property
     def epoch_offset(self) -> float:
@@ -96,7 +89,7 @@ class ManualClock:
         delay = check_seconds(delay, "delay")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        handle = self.call_at(self._now + delay, lambda: _wake(future))
+        handle = self.call_at(self._now + delay, lambda: wake(future))
         task = asyncio.current_task()
         if task is not None:
             self._sleepers.add(task)
@@ -139,8 +132,11 @@ class ManualClock:
         self._now = target
         await self._settle()
 
-    def _track(self, owner: _Quiescent) -> None:
-        """Let ``advance`` wait for ``owner``'s callback tasks before returning."""
+    def attach(self, owner: Quiescent) -> None:
+        """Let ``advance`` wait for ``owner``'s callback tasks before returning.
+
+        Called by each purgatory that starts on this clock (the :class:`Clock` hook).
+        """
         self._watched[id(owner)] = owner
 
     async def _settle(self) -> None:
@@ -153,9 +149,9 @@ class ManualClock:
                 await asyncio.sleep(0)
                 if ready is not None and not ready:
                     break
-            busy: list[asyncio.Future[object]] = []
+            busy: list[asyncio.Task[object]] = []
             for key, owner in list(self._watched.items()):
-                tasks = owner._busy_tasks()
+                tasks = owner.busy_tasks()
                 if not tasks and owner.closed:
                     del self._watched[key]
                 busy.extend(

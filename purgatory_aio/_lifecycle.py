@@ -1,0 +1,649 @@
+"""The owner of every operation's lifecycle: what follows each transition, in one place.
+
+An operation flips its own state word and reports who won
+(:mod:`~purgatory_aio._operation`); the winner then calls its owner, a
+:class:`Lifecycle`, through the three methods declared below. Read top to
+bottom, this module is the whole life of an operation in a purgatory::
+
+    admit ─► try ─► watch ─► try ─► timer ─┬─ completed ─► withdraw ─► callbacks ─► settle
+                                            ├─ expired   ─► withdraw ─► callbacks ─► settle
+                                            ├─ cancelled ─► withdraw ──────────────► settle
+                                            └─ shutdown  ─► withdraw ─► callbacks ─► settle
+
+*withdraw* takes it out of the timer and retires its watch entries; *callbacks*
+run ``on_complete`` (then ``on_expiration`` if it expired) inline, as a task, or
+in a worker thread; *settle* records the outcome, releases awaiters, counts it
+and emits its event. Everything after a transition runs on the loop thread: a
+transition won on another thread is handed over. User code may raise anything:
+every ``BaseException`` becomes the operation's outcome and is logged and
+counted; only ``KeyboardInterrupt`` and ``SystemExit`` propagate, and only
+after the operation has settled.
+
+Operations never handed to a purgatory belong to :data:`DETACHED`, which runs
+their callbacks where they complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable, Coroutine, Hashable, Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import anyio.to_thread
+
+from ._errors import FATAL, PurgatoryClosed
+from ._logging import get_logger
+from ._states import (
+    CANCELLED,
+    COMPLETED,
+    ENDED,
+    EXPIRED,
+    FAILED,
+    SETTLED,
+    SHUTDOWN,
+    describe,
+    transition,
+)
+from .events import EventSink, OperationEvent
+
+if TYPE_CHECKING:
+    from ._clock import Clock
+    from ._operation import DelayedOperation
+    from ._timer import Timer
+    from ._watches import WatchStore
+
+__all__ = ["DETACHED", "FATAL", "Lifecycle", "try_guarded"]
+
+_log: Final = get_logger("purgatory_aio.purgatory")
+
+
+_get_ident: Final = threading.get_ident
+_running_loop: Final = asyncio._get_running_loop
+
+
+class Lifecycle:
+    """Everything that happens to the operations of one purgatory after a transition.
+
+    The interface operations call (and nothing else of this class):
+    :meth:`completed`, :meth:`expired`, :meth:`cancelled` and :meth:`callback_failed`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        timer: Timer | None,
+        store: WatchStore | None,
+        clock: Clock | None,
+        *,
+        event_sink: EventSink | None = None,
+        offload: bool = False,
+        offload_threads: int = 8,
+        log_operations: bool = False,
+    ) -> None:
+        self.name = name
+        self._timer = timer
+        self._store = store
+        self._clock = clock
+        self._sink = event_sink
+        self._log_ops = log_operations
+        self._observed = event_sink is not None or log_operations
+        self._offload = offload
+        self._offload_threads = offload_threads
+        self._capacity: anyio.CapacityLimiter | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread_id = -1
+        self.closed = False
+        self._ids = itertools.count(1)
+        # Operations admitted and not yet settled: shutdown waits for this to reach 0.
+        self.unsettled = 0
+        self._quiet: asyncio.Future[None] | None = None
+        self.n_completed = 0
+        self.n_expired = 0
+        self.n_cancelled = 0
+        self.n_shutdown = 0
+        self.n_errors = 0
+        self.n_event_errors = 0
+
+    # -- binding to a loop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind to the running loop on first use; refuse any other loop afterwards."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                f"purgatory {self.name!r} must be used from a running event loop"
+            ) from None
+        if self._loop is not None:
+            if self._loop is not loop:
+                raise RuntimeError(
+                    f"purgatory {self.name!r} belongs to another event loop (or thread)"
+                )
+            return
+        self._loop = loop
+        self._thread_id = _get_ident()
+        clock = self._clock
+        assert clock is not None
+        clock.attach(self)
+        _log.debug("purgatory_started", purgatory=self.name)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def busy_tasks(self) -> tuple[asyncio.Task[None], ...]:
+        """Callback tasks still running (for shutdown and ManualClock.advance)."""
+        return tuple(self._tasks)
+
+    # -- admission: try, watch, try again, time ------------------------------------------------
+
+    def watch(
+        self, op: DelayedOperation[Any], keys: Iterable[Hashable], threshold: float | None
+    ) -> bool:
+        """Kafka's tryCompleteElseWatch: True if ``op`` completed during the call.
+
+        Everything is checked before anything changes: a refused operation is left
+        as it was, usable elsewhere.
+        """
+        if self.closed:
+            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
+        if _running_loop() is not self._loop:
+            self.start()
+        watch_keys = _check_watch(op, keys)
+        timer = self._timer
+        assert timer is not None
+        deadline = timer._now() + op._timeout
+        if deadline >= timer.horizon:
+            raise ValueError(
+                f"timeout {op._timeout!r} of {op!r} is beyond what the timer of purgatory "
+                f"{self.name!r} can place (deadlines up to {timer.horizon:.6g} on its clock; "
+                "a finer tick shortens that)"
+            )
+        return self.admit(op, watch_keys, deadline, threshold)
+
+    def admit(
+        self,
+        op: DelayedOperation[Any],
+        keys: tuple[Hashable, ...],
+        deadline: float,
+        threshold: float | None,
+    ) -> bool:
+        """Try, watch, try again, time — on validated input."""
+        op._owner = self
+        op._keys = keys
+        op._deadline = deadline
+        self.unsettled += 1
+        if try_guarded(op):
+            return True
+        if op._state & ENDED:
+            return False  # another thread completed or cancelled it; its hand-over follows
+        store = self._store
+        assert store is not None
+        if threshold is None:
+            store.watch(op, keys)
+        else:
+            store.watch_threshold(op, keys[0], threshold)
+        if op._state & ENDED:
+            return False
+        if try_guarded(op):
+            return True
+        if not op._state & ENDED:
+            self._timer._add(op, deadline)  # type: ignore[union-attr]
+        return False
+
+    # -- walks over a key (loop thread; re-entrant calls from callbacks are fine) --------------
+
+    def check(self, key: Hashable) -> int:
+        """check_and_complete: try every pending operation watched under ``key``."""
+        store = self._store
+        assert store is not None
+        try:
+            watched = key in store.lists or key in store.indexes
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        if not watched:
+            return 0
+        self._on_loop_thread("check_and_complete", "; use check_and_complete_threadsafe")
+        return store.check(key, try_guarded)
+
+    def advance(self, key: Hashable, value: float) -> int:
+        """advance_key: try the threshold operations on ``key`` that ``value`` reaches."""
+        store = self._store
+        assert store is not None
+        try:
+            indexed = key in store.indexes
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        if not indexed:
+            return 0
+        self._on_loop_thread("advance_key", "")
+        return store.advance(key, value, try_guarded)
+
+    def cancel_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
+        """cancel_for_key: withdraw every pending operation watched under ``key``."""
+        store = self._store
+        assert store is not None
+        try:
+            watched = key in store.lists or key in store.indexes
+        except TypeError:
+            raise TypeError(f"key {key!r} is not hashable") from None
+        if not watched:
+            return []
+        self._on_loop_thread("cancel_for_key", "")
+        return [op for op in store.take(key) if op.cancel()]
+
+    def _on_loop_thread(self, what: str, hint: str) -> None:
+        if self._thread_id != _get_ident():
+            raise RuntimeError(
+                f"{what} called off the loop thread of purgatory {self.name!r}{hint}"
+            )
+
+    # -- the transitions' aftermath (called by the operation that won) -------------------------
+
+    def completed(self, op: DelayedOperation[Any], failure: BaseException | None) -> None:
+        """``op`` won *completed*: satisfied, or ``try_complete`` raised ``failure``."""
+        if self._thread_id != _get_ident():
+            self._hand_over(self.completed, op, failure)
+            return
+        self._withdraw(op)
+        self.n_completed += 1
+        if failure is None:
+            self._run_callbacks(op)
+        else:
+            self._settle(op, failure, True)
+
+    def expired(self, op: DelayedOperation[Any]) -> None:
+        """``op`` won *expired*: the timer found its deadline passed (on the loop thread)."""
+        self.n_expired += 1
+        self._withdraw(op)
+        self._run_callbacks(op)
+
+    def cancelled(self, op: DelayedOperation[Any]) -> None:
+        """``op`` won *cancelled*: no callback runs, awaiters get CancelledError."""
+        if self._thread_id != _get_ident():
+            self._hand_over(self.cancelled, op)
+            return
+        self._withdraw(op)
+        self.n_cancelled += 1
+        self._settle(op, None, False)
+
+    def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
+        """A callback of ``op`` raised ``exc``: log and count it (it becomes the outcome)."""
+        self.n_errors += 1
+        _log.error("callback_error", purgatory=self.name, op=repr(op), stage=stage, exc_info=exc)
+
+    def check_can_complete(self, op: DelayedOperation[Any]) -> None:
+        """Refuse a completion that could not run its callbacks (detached operations)."""
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def shutdown(self, expire_pending: bool) -> int:
+        """Settle every pending operation, then wait until every admitted one has settled.
+
+        Returns how many pending operations it settled itself.
+        """
+        self.closed = True
+        timer = self._timer
+        assert timer is not None
+        pending = timer._drain()
+        for entry in pending:
+            op: DelayedOperation[Any] = entry  # type: ignore[assignment]
+            if expire_pending:
+                if expire_for_shutdown(op):
+                    self.n_shutdown += 1
+                    self._withdraw(op)
+                    self._run_callbacks(op)
+            else:
+                op.cancel()
+        # Operations completed before or during shutdown, on this thread or another, are
+        # still settling (callback tasks, hand-overs from other threads): wait for all.
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+                continue
+            if not self.unsettled:
+                break
+            self._quiet = quiet = loop.create_future()
+            try:
+                await quiet
+            finally:
+                self._quiet = None
+        timer.close()
+        store = self._store
+        assert store is not None
+        store.clear()
+        return len(pending)
+
+    # -- withdraw, callbacks, settle -----------------------------------------------------------
+
+    def _withdraw(self, op: DelayedOperation[Any]) -> None:
+        """Out of the timer, and its watch entries stale."""
+        if op._bucket is not None:
+            self._timer._remove(op)  # type: ignore[union-attr]
+        if op._store:
+            self._store.retire(op)  # type: ignore[union-attr]
+
+    def _run_callbacks(self, op: DelayedOperation[Any]) -> None:
+        """``on_complete`` (then ``on_expiration`` if expired), then settle."""
+        cls = type(op)
+        expired = op._state & EXPIRED
+        inline = cls._inline_expire if expired else cls._inline_complete
+        if inline and not self._offload:
+            stage = "on_complete"
+            try:
+                result = op.on_complete()
+                if expired:
+                    stage = "on_expiration"
+                    op.on_expiration()
+            except BaseException as exc:
+                self.callback_failed(op, exc, stage)
+                self._settle(op, exc, True)
+                if isinstance(exc, FATAL):
+                    raise
+            else:
+                self._settle(op, result, False)
+            return
+        offload = cls.offload_callbacks or self._offload
+        self._spawn(self._run_async(op, offload))
+
+    async def _run_async(self, op: DelayedOperation[Any], offload: bool) -> None:
+        cls = type(op)
+        stage = "on_complete"
+        try:
+            result = await self._call(op.on_complete, cls._async_complete, offload)
+            if op._state & EXPIRED:
+                stage = "on_expiration"
+                await self._call(op.on_expiration, cls._async_expire, offload)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # This task was cancelled (loop teardown): settle so that no awaiter
+                # hangs, then let the cancellation proceed.
+                self._settle(op, exc, True)
+                raise
+            self.callback_failed(op, exc, stage)  # the callback itself raised it
+            self._settle(op, exc, True)
+        except BaseException as exc:
+            self.callback_failed(op, exc, stage)
+            self._settle(op, exc, True)
+            if isinstance(exc, FATAL):
+                raise
+        else:
+            self._settle(op, result, False)
+
+    async def _call(self, fn: Callable[[], Any], is_async: bool, offload: bool) -> Any:
+        if is_async:
+            return await fn()
+        if offload:
+            return await anyio.to_thread.run_sync(fn, limiter=self._limiter())
+        return fn()
+
+    def _settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
+        """Record the outcome, release awaiters, emit the event (once per operation)."""
+        op._outcome = outcome
+        op._state |= SETTLED | FAILED if failed else SETTLED
+        waiter = op._waiter
+        if waiter is not None:
+            op._waiter = None
+            _release(waiter)
+        self.unsettled -= 1
+        if self._observed:
+            self._observe(op)
+        if not self.unsettled and self._quiet is not None and not self._quiet.done():
+            self._quiet.set_result(None)
+
+    # -- observing settled operations ----------------------------------------------------------
+
+    def _observe(self, op: DelayedOperation[Any]) -> None:
+        sink = self._sink
+        if sink is not None:
+            try:
+                sink.emit(self._event(op))
+            except Exception:
+                self.n_event_errors += 1
+                _log.exception("event_sink_error", purgatory=self.name)
+        if self._log_ops:
+            _log.debug("operation_settled", purgatory=self.name, op=repr(op))
+
+    def _event(self, op: DelayedOperation[Any]) -> OperationEvent:
+        state = op._state
+        error = None
+        if state & FAILED:
+            exc = op._outcome
+            error = f"{type(exc).__name__}: {exc}"
+        clock = self._clock
+        assert clock is not None
+        epoch = clock.epoch_offset
+        deadline = op._deadline
+        return OperationEvent(
+            purgatory=self.name,
+            op_type=type(op).op_type or type(op).__name__,
+            op_id=next(self._ids),
+            keys=[str(key) for key in op._keys],
+            created_at=deadline - op._timeout + epoch,
+            deadline=deadline + epoch,
+            settled_at=clock.time() + epoch,
+            outcome=describe(state),  # type: ignore[arg-type]
+            error=error,
+        )
+
+    # -- the loop and its tasks ----------------------------------------------------------------
+
+    def _hand_over(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread, from another thread."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            # The loop is closed: nobody is left to run callbacks. Settle with the reason
+            # so that anything still holding the operation sees a final outcome.
+            op: DelayedOperation[Any] = args[0]
+            closed = PurgatoryClosed(f"purgatory {self.name!r}: its event loop is closed")
+            self._settle(op, None if op._state & CANCELLED else closed, not op._state & CANCELLED)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        loop = self._loop
+        assert loop is not None
+        task = loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _limiter(self) -> anyio.CapacityLimiter | None:
+        if self._capacity is None:
+            self._capacity = anyio.CapacityLimiter(self._offload_threads)
+        return self._capacity
+
+
+class _Detached(Lifecycle):
+    """The owner of operations no purgatory holds: callbacks run where they complete."""
+
+    def __init__(self) -> None:
+        super().__init__("detached", None, None, None)
+        # Tasks of async callbacks: kept here so they are not collected mid-way.
+        self._orphans: set[asyncio.Task[None]] = set()
+
+    def check_can_complete(self, op: DelayedOperation[Any]) -> None:
+        cls = type(op)
+        if not cls._inline_complete and _running_loop() is None:
+            what = "an async on_complete" if cls._async_complete else "offloaded callbacks"
+            raise RuntimeError(
+                f"{op!r} has {what} and no purgatory: complete it from a running event "
+                "loop, or hand it to a purgatory first"
+            )
+
+    def completed(self, op: DelayedOperation[Any], failure: BaseException | None) -> None:
+        if failure is None:
+            self._run_callbacks(op)
+        else:
+            self._settle(op, failure, True)
+
+    def expired(self, op: DelayedOperation[Any]) -> None:  # pragma: no cover - never timed
+        self._run_callbacks(op)
+
+    def cancelled(self, op: DelayedOperation[Any]) -> None:
+        self._settle(op, None, False)
+
+    def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
+        _log.error("callback_error", op=repr(op), stage=stage, exc_info=exc)
+
+    def _settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
+        op._outcome = outcome
+        op._state |= SETTLED | FAILED if failed else SETTLED
+        waiter = op._waiter
+        if waiter is not None:
+            op._waiter = None
+            _release(waiter)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    def _limiter(self) -> anyio.CapacityLimiter | None:
+        return None
+
+
+#: The owner of every operation not (yet) handed to a purgatory.
+DETACHED: Final = _Detached()
+
+
+def _release(waiter: asyncio.Future[None] | list[asyncio.Future[None]]) -> None:
+    if isinstance(waiter, list):
+        for future in waiter:
+            _release_one(future)
+    else:
+        _release_one(waiter)
+
+
+def _release_one(future: asyncio.Future[None]) -> None:
+    if future.done():
+        return
+    loop = future.get_loop()
+    if _running_loop() is loop:
+        future.set_result(None)
+    else:
+        # RuntimeError: that loop is closed, so nobody is left to wake.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(wake, future)
+
+
+def wake(future: asyncio.Future[None]) -> None:
+    """Resolve ``future`` unless something else already did (a thread-safe wake-up)."""
+    if not future.done():
+        future.set_result(None)
+
+
+# -- the transitions the owner drives ---------------------------------------------------------
+
+
+def expire_for_shutdown(op: DelayedOperation[Any]) -> bool:
+    """The shutdown transition: completed and expired, marked as by shutdown."""
+    return transition(op, COMPLETED | EXPIRED | SHUTDOWN)
+
+
+def try_guarded(op: DelayedOperation[Any]) -> bool:
+    """``op.try_complete()`` guarded against re-entrant calls; True only for a real completion.
+
+    Whatever ``try_complete`` raises completes the operation with that exception
+    (it could otherwise be left pending with a condition that can never be checked);
+    only ``KeyboardInterrupt`` and ``SystemExit`` then propagate.
+    """
+    if op._busy or op._state & ENDED:
+        return False
+    op._busy = True
+    try:
+        if op.try_complete():
+            return op._state & COMPLETED != 0
+        return False
+    except BaseException as exc:
+        won = fail(op, exc)
+        if isinstance(exc, FATAL):
+            raise
+        return won
+    finally:
+        op._busy = False
+
+
+def fail(op: DelayedOperation[Any], exc: BaseException) -> bool:
+    """``try_complete`` raised: complete ``op`` with ``exc`` as its outcome if still pending."""
+    owner = op._owner
+    owner.callback_failed(op, exc, "try_complete")
+    if not transition(op, COMPLETED):
+        return False
+    owner.completed(op, exc)
+    return True
+
+
+def _check_watch(op: DelayedOperation[Any], keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    """Validate a watch request; return its keys as a tuple without duplicates.
+
+    The common case (a fresh operation, a tuple or list of up to three distinct
+    hashable keys) costs a couple of attribute reads, a hash and a comparison
+    per key, and no allocation.
+    """
+    try:
+        fresh = op._owner is DETACHED and not op._state & ENDED
+    except AttributeError:
+        if isinstance(op, _operation_type()):
+            raise TypeError(
+                f"{type(op).__name__}.__init__ must call super().__init__(timeout)"
+            ) from None
+        raise TypeError(f"op must be a DelayedOperation, got {op!r}") from None
+    if not fresh:
+        if op._owner is not DETACHED:
+            raise ValueError(f"{op!r} was already handed to purgatory {op._owner.name!r}")
+        raise ValueError(f"{op!r} is already completed or cancelled")
+    if type(keys) is not tuple:
+        if isinstance(keys, str | bytes):
+            raise TypeError(f"keys must be a collection of keys, not the single key {keys!r}")
+        if not isinstance(keys, Iterable):
+            raise TypeError(f"keys must be an iterable of keys, got {keys!r}")
+        keys = tuple(keys)
+    count = len(keys)
+    try:
+        # Hash every key before anything is inserted, so an unhashable one leaves
+        # no partial watch behind. Up to three keys, pairwise comparison finds
+        # duplicates without building a set (measured: 0.9k instructions per op).
+        if count == 1:
+            hash(keys[0])
+            return keys
+        if count == 2:
+            first, second = keys
+            hash(first), hash(second)
+            return keys if first != second else (first,)
+        if count == 3:
+            first, second, third = keys
+            hash(first), hash(second), hash(third)
+            if first != second and first != third and second != third:
+                return keys
+            return tuple(dict.fromkeys(keys))
+        distinct = len(set(keys))
+    except TypeError:
+        bad = next(k for k in keys if not _hashable(k))
+        raise TypeError(f"watch key {bad!r} is not hashable") from None
+    if distinct != count:
+        keys = tuple(dict.fromkeys(keys))
+    elif not distinct:
+        raise ValueError("keys must not be empty: an operation has to be watched under a key")
+    return keys
+
+
+def _operation_type() -> type:
+    from ._operation import DelayedOperation
+
+    return DelayedOperation
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,274 @@
+"""Where pending operations are watched: per-key watch lists and threshold indexes.
+
+Watch lists are insertion-ordered dicts (one per key), so adding and removing an
+operation is O(1) and a walk visits operations oldest first. Operations whose
+condition is "this key's monotonic value has reached my threshold" go into a
+min-heap per key instead, so advancing the value pops exactly the operations it
+can satisfy: O(k log n) for k of them, where a watch list would try all n.
+
+As in Kafka, an operation settled other than by a walk over one of its keys stays
+in its other watch lists until a walk meets it or a purge removes it; ``watched``
+counts every entry actually held, stale or not, and is never estimated. A purge
+runs once more than ``purge_interval`` entries are stale (or that many
+operations are waiting to be purged) and visits only those operations.
+
+Every method is for the loop thread and safe to call re-entrantly from inside
+the callbacks a walk runs: walks work on snapshots, and each entry is removed
+(and counted) by whoever actually removes it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, Final
+
+from ._states import COMPLETED, ENDED
+
+if TYPE_CHECKING:
+    from ._operation import DelayedOperation
+
+# Values of an operation's ``_store`` (the same constants as in _operation, which
+# imports this module's users; kept literal so that compiled code inlines them).
+NOT_WATCHED: Final = 0
+IN_WATCH_LISTS: Final = 1
+IN_THRESHOLD_INDEX: Final = 2
+
+_order = itertools.count()
+
+
+class ThresholdIndex:
+    """The operations on one key, ordered by the value each waits for."""
+
+    __slots__ = ("heap", "stale")
+
+    def __init__(self) -> None:
+        # The counter keeps equal thresholds first-in first-out and never compares ops.
+        self.heap: list[tuple[float, int, DelayedOperation[Any]]] = []
+        self.stale = 0  # settled operations still in the heap
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def push(self, threshold: float, op: DelayedOperation[Any]) -> None:
+        heapq.heappush(self.heap, (threshold, next(_order), op))
+
+    def pop_reached(self, value: float) -> list[DelayedOperation[Any]]:
+        """Remove and return every entry whose threshold is <= value, lowest first."""
+        heap = self.heap
+        reached = []
+        while heap and heap[0][0] <= value:
+            reached.append(heapq.heappop(heap)[2])
+        return reached
+
+    def compact(self) -> int:
+        """Drop settled operations; return how many entries were removed."""
+        before = len(self.heap)
+        self.heap = [entry for entry in self.heap if not entry[2]._state & ENDED]
+        heapq.heapify(self.heap)
+        self.stale = 0
+        return before - len(self.heap)
+
+    def operations(self) -> list[DelayedOperation[Any]]:
+        """Every operation in the index, lowest threshold first."""
+        return [entry[2] for entry in sorted(self.heap, key=_threshold_order)]
+
+
+def _threshold_order(entry: tuple[float, int, DelayedOperation[Any]]) -> tuple[float, int]:
+    return entry[0], entry[1]
+
+
+class WatchStore:
+    """The watch lists and threshold indexes of one purgatory, with exact entry counts."""
+
+    __slots__ = ("dirty", "indexes", "limit", "lists", "live", "purged", "watched")
+
+    def __init__(self, purge_interval: int) -> None:
+        self.lists: dict[Hashable, dict[DelayedOperation[Any], bool]] = {}
+        self.indexes: dict[Hashable, ThresholdIndex] = {}
+        self.limit = purge_interval
+        self.watched = 0  # entries held, in lists and indexes
+        self.live = 0  # entries of operations not yet retired
+        self.dirty: list[DelayedOperation[Any]] = []  # retired, maybe still held
+        self.purged = 0
+
+    def key_count(self) -> int:
+        return len(self.lists.keys() | self.indexes.keys())
+
+    # -- adding ------------------------------------------------------------------------------
+
+    def watch(self, op: DelayedOperation[Any], keys: tuple[Hashable, ...]) -> None:
+        """Put ``op`` in the watch list of every key (keys validated and distinct)."""
+        lists = self.lists
+        for key in keys:
+            watch_list = lists.get(key)
+            if watch_list is None:
+                lists[key] = {op: True}
+            else:
+                watch_list[op] = True
+        op._store = IN_WATCH_LISTS
+        entries = len(keys)
+        self.watched += entries
+        self.live += entries
+
+    def watch_threshold(self, op: DelayedOperation[Any], key: Hashable, threshold: float) -> None:
+        index = self.indexes.get(key)
+        if index is None:
+            index = self.indexes[key] = ThresholdIndex()
+        index.push(threshold, op)
+        op._store = IN_THRESHOLD_INDEX
+        self.watched += 1
+        self.live += 1
+
+    # -- walks -------------------------------------------------------------------------------
+
+    def check(self, key: Hashable, attempt: Any) -> int:
+        """Try every pending operation watched under ``key``; return how many completed.
+
+        ``attempt(op)`` is the guarded ``try_complete``. The walk works on a
+        snapshot: callbacks it runs may watch, complete, cancel or purge on this
+        very key; an entry is removed only if it is still there.
+        """
+        completed = 0
+        watch_list = self.lists.get(key)
+        if watch_list is not None:
+            for op in tuple(watch_list):
+                if op._state & ENDED:
+                    if op in watch_list:
+                        del watch_list[op]
+                        self.watched -= 1
+                    continue
+                if op._busy:
+                    continue
+                if attempt(op):
+                    completed += 1
+                    if op in watch_list:
+                        del watch_list[op]
+                        self.watched -= 1
+            if not watch_list and self.lists.get(key) is watch_list:
+                del self.lists[key]
+        index = self.indexes.get(key)
+        if index is not None:
+            for op in index.operations():
+                if not op._state & ENDED and attempt(op):
+                    completed += 1
+        return completed
+
+    def advance(self, key: Hashable, value: float, attempt: Any) -> int:
+        """``key``'s value reached ``value``: try the operations whose threshold it meets.
+
+        They leave the index for the key's plain watch list *before* any is tried,
+        so whatever the callbacks do meanwhile (``cancel_for_key(key)`` above all)
+        finds every one of them; one that declines stays there as a plain watcher.
+        """
+        index = self.indexes.get(key)
+        if index is None:
+            return 0
+        reached = index.pop_reached(value)
+        if not index.heap and self.indexes.get(key) is index:
+            del self.indexes[key]
+        if not reached:
+            return 0
+        watch_list = self.lists.get(key)
+        if watch_list is None:
+            watch_list = self.lists[key] = {}
+        for op in reached:
+            if op._state & ENDED:
+                self.watched -= 1  # a stale index entry, dropped
+                continue
+            watch_list[op] = True  # index entry -> list entry: counts unchanged
+            op._keys = (key,)
+            op._store = IN_WATCH_LISTS
+        completed = 0
+        for op in reached:
+            if op._state & ENDED or op._busy:
+                continue
+            if attempt(op) and op._state & COMPLETED:
+                completed += 1
+                current = self.lists.get(key)
+                if current is not None and op in current:
+                    del current[op]
+                    self.watched -= 1
+        current = self.lists.get(key)
+        if current is not None and not current:
+            del self.lists[key]
+        return completed
+
+    def take(self, key: Hashable) -> list[DelayedOperation[Any]]:
+        """Remove and return every operation held under ``key`` (for cancel_for_key).
+
+        The entries are gone before the caller cancels anything, and a walk still
+        holding the key's list sees them gone too.
+        """
+        ops: list[DelayedOperation[Any]] = []
+        watch_list = self.lists.pop(key, None)
+        if watch_list is not None:
+            ops.extend(watch_list)
+            self.watched -= len(watch_list)
+            watch_list.clear()
+        index = self.indexes.pop(key, None)
+        if index is not None:
+            ops.extend(index.operations())
+            self.watched -= len(index.heap)
+            index.heap.clear()
+        return ops
+
+    # -- retiring and purging ----------------------------------------------------------------
+    # ``live`` counts, for every operation not yet retired, the entries it was watched with.
+    # Entries removed before their operation retires (a walk meeting an operation another
+    # thread completed, cancel_for_key) make ``watched - live`` briefly too small, never
+    # too large, and retiring sets it right: the stale count that triggers a purge is exact
+    # whenever no transition is in flight.
+
+    def retire(self, op: DelayedOperation[Any]) -> None:
+        """``op`` is no longer pending: its remaining entries become stale."""
+        store = op._store
+        if store == NOT_WATCHED:
+            return
+        self.live -= len(op._keys) if store == IN_WATCH_LISTS else 1
+        dirty = self.dirty
+        dirty.append(op)
+        limit = self.limit
+        if len(dirty) > limit or self.watched - self.live > limit:
+            self.purge()
+
+    def purge(self) -> None:
+        """Remove the entries of retired operations."""
+        lists = self.lists
+        indexes = self.indexes
+        removed = 0
+        dirty, self.dirty = self.dirty, []
+        for op in dirty:
+            keys = op._keys
+            if op._store == IN_THRESHOLD_INDEX:
+                index = indexes.get(keys[0])
+                if index is not None:
+                    index.stale += 1
+                continue
+            for key in keys:
+                watch_list = lists.get(key)
+                # A membership test and del, not pop(): both are direct dict operations
+                # in the compiled build, where pop() is a method call by name.
+                if watch_list is not None and op in watch_list:
+                    del watch_list[op]
+                    removed += 1
+                    if not watch_list:
+                        del lists[key]
+        self.watched -= removed
+        self.purged += removed
+        if self.watched - self.live > self.limit:
+            # Stale threshold entries are what is left: compact the indexes holding them.
+            for key, index in list(indexes.items()):
+                if index.stale:
+                    dropped = index.compact()
+                    self.watched -= dropped
+                    self.purged += dropped
+                    if not index.heap:
+                        del indexes[key]
+
+    def clear(self) -> None:
+        self.lists.clear()
+        self.indexes.clear()
+        self.dirty.clear()
+        self.watched = self.live = 0
