@@ -291,15 +291,20 @@ class Lifecycle:
         timer = self._timer
         assert timer is not None
         pending = timer._drain()
+        fatal: BaseException | None = None
         for entry in pending:
             op: DelayedOperation[Any] = entry  # type: ignore[assignment]
-            if expire_pending:
-                if expire_for_shutdown(op):
+            try:
+                if not expire_pending:
+                    op.cancel()
+                elif expire_for_shutdown(op):
                     self.n_shutdown += 1
                     self._withdraw(op)
                     self._run_callbacks(op)
-            else:
-                op.cancel()
+            except FATAL as exc:  # settled already; the others must settle too
+                fatal = fatal or exc
+        if fatal is not None:
+            raise fatal
         # Operations completed before or during shutdown, on this thread or another, are
         # still settling (callback tasks, hand-overs from other threads): wait for all.
         loop = asyncio.get_running_loop()
@@ -562,11 +567,14 @@ def try_guarded(op: DelayedOperation[Any]) -> bool:
         if op.try_complete():
             return op._state & COMPLETED != 0
         return False
+    except FATAL as exc:
+        # Let it through, but not before the operation has settled (unless the
+        # interruption came out of its own completion, which settled it already).
+        if not op._state & ENDED:
+            fail(op, exc)
+        raise
     except BaseException as exc:
-        won = fail(op, exc)
-        if isinstance(exc, FATAL):
-            raise
-        return won
+        return fail(op, exc)
     finally:
         op._busy = False
 
