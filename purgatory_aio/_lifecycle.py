@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import anyio.to_thread
 
+from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import FATAL, PurgatoryClosed
 from ._logging import get_logger
 from ._states import (
@@ -48,13 +49,12 @@ from ._states import (
     describe,
     transition,
 )
+from ._timer import Timer
+from ._watches import WatchStore
 from .events import EventSink, OperationEvent
 
 if TYPE_CHECKING:
-    from ._clock import Clock
     from ._operation import DelayedOperation
-    from ._timer import Timer
-    from ._watches import WatchStore
 
 __all__ = ["DETACHED", "FATAL", "Lifecycle", "try_guarded"]
 
@@ -75,9 +75,9 @@ class Lifecycle:
     def __init__(
         self,
         name: str,
-        timer: Timer | None,
-        store: WatchStore | None,
-        clock: Clock | None,
+        timer: Timer,
+        store: WatchStore,
+        clock: Clock,
         *,
         event_sink: EventSink | None = None,
         offload: bool = False,
@@ -88,6 +88,9 @@ class Lifecycle:
         self._timer = timer
         self._store = store
         self._clock = clock
+        # Bound once: the admission path reads the clock and the limit without lookups.
+        self._now = clock.time
+        self._horizon = timer.horizon
         self._sink = event_sink
         self._log_ops = log_operations
         self._observed = event_sink is not None or log_operations
@@ -127,9 +130,7 @@ class Lifecycle:
             return
         self._loop = loop
         self._thread_id = _get_ident()
-        clock = self._clock
-        assert clock is not None
-        clock.attach(self)
+        self._clock.attach(self)
         _log.debug("purgatory_started", purgatory=self.name)
 
     @property
@@ -155,45 +156,32 @@ class Lifecycle:
         if _running_loop() is not self._loop:
             self.start()
         watch_keys = _check_watch(op, keys)
-        timer = self._timer
-        assert timer is not None
-        deadline = timer._now() + op._timeout
-        if deadline >= timer.horizon:
+        deadline = self._now() + op._timeout
+        if deadline >= self._horizon:
             raise ValueError(
                 f"timeout {op._timeout!r} of {op!r} is beyond what the timer of purgatory "
-                f"{self.name!r} can place (deadlines up to {timer.horizon:.6g} on its clock; "
+                f"{self.name!r} can place (deadlines up to {self._horizon:.6g} on its clock; "
                 "a finer tick shortens that)"
             )
-        return self.admit(op, watch_keys, deadline, threshold)
-
-    def admit(
-        self,
-        op: DelayedOperation[Any],
-        keys: tuple[Hashable, ...],
-        deadline: float,
-        threshold: float | None,
-    ) -> bool:
-        """Try, watch, try again, time — on validated input."""
+        # Admitted: from here on the operation is this owner's until it settles.
         op._owner = self
-        op._keys = keys
+        op._keys = watch_keys
         op._deadline = deadline
         self.unsettled += 1
         if try_guarded(op):
             return True
         if op._state & ENDED:
             return False  # another thread completed or cancelled it; its hand-over follows
-        store = self._store
-        assert store is not None
         if threshold is None:
-            store.watch(op, keys)
+            self._store.watch(op, watch_keys)
         else:
-            store.watch_threshold(op, keys[0], threshold)
+            self._store.watch_threshold(op, watch_keys[0], threshold)
         if op._state & ENDED:
             return False
         if try_guarded(op):
             return True
         if not op._state & ENDED:
-            self._timer._add(op, deadline)  # type: ignore[union-attr]
+            self._timer._add(op, deadline)
         return False
 
     # -- walks over a key (loop thread; re-entrant calls from callbacks are fine) --------------
@@ -201,7 +189,6 @@ class Lifecycle:
     def check(self, key: Hashable) -> int:
         """check_and_complete: try every pending operation watched under ``key``."""
         store = self._store
-        assert store is not None
         try:
             watched = key in store.lists or key in store.indexes
         except TypeError:
@@ -214,7 +201,6 @@ class Lifecycle:
     def advance(self, key: Hashable, value: float) -> int:
         """advance_key: try the threshold operations on ``key`` that ``value`` reaches."""
         store = self._store
-        assert store is not None
         try:
             indexed = key in store.indexes
         except TypeError:
@@ -227,7 +213,6 @@ class Lifecycle:
     def cancel_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """cancel_for_key: withdraw every pending operation watched under ``key``."""
         store = self._store
-        assert store is not None
         try:
             watched = key in store.lists or key in store.indexes
         except TypeError:
@@ -250,7 +235,11 @@ class Lifecycle:
         if self._thread_id != _get_ident():
             self._hand_over(self.completed, op, failure)
             return
-        self._withdraw(op)
+        # _withdraw(op), inlined: this is every satisfied operation's path.
+        if op._bucket is not None:
+            self._timer._remove(op)
+        if op._store:
+            self._store.retire(op)
         self.n_completed += 1
         if failure is None:
             self._run_callbacks(op)
@@ -289,7 +278,6 @@ class Lifecycle:
         """
         self.closed = True
         timer = self._timer
-        assert timer is not None
         pending = timer._drain()
         fatal: BaseException | None = None
         for entry in pending:
@@ -320,9 +308,7 @@ class Lifecycle:
             finally:
                 self._quiet = None
         timer.close()
-        store = self._store
-        assert store is not None
-        store.clear()
+        self._store.clear()
         return len(pending)
 
     # -- withdraw, callbacks, settle -----------------------------------------------------------
@@ -330,9 +316,9 @@ class Lifecycle:
     def _withdraw(self, op: DelayedOperation[Any]) -> None:
         """Out of the timer, and its watch entries stale."""
         if op._bucket is not None:
-            self._timer._remove(op)  # type: ignore[union-attr]
+            self._timer._remove(op)
         if op._store:
-            self._store.retire(op)  # type: ignore[union-attr]
+            self._store.retire(op)
 
     def _run_callbacks(self, op: DelayedOperation[Any]) -> None:
         """``on_complete`` (then ``on_expiration`` if expired), then settle."""
@@ -398,10 +384,10 @@ class Lifecycle:
             op._waiter = None
             _release(waiter)
         self.unsettled -= 1
-        if self._observed:
-            self._observe(op)
         if not self.unsettled and self._quiet is not None and not self._quiet.done():
             self._quiet.set_result(None)
+        if self._observed:
+            self._observe(op)
 
     # -- observing settled operations ----------------------------------------------------------
 
@@ -410,9 +396,11 @@ class Lifecycle:
         if sink is not None:
             try:
                 sink.emit(self._event(op))
-            except Exception:
+            except BaseException as exc:  # the sink is user code too
                 self.n_event_errors += 1
-                _log.exception("event_sink_error", purgatory=self.name)
+                _log.error("event_sink_error", purgatory=self.name, exc_info=exc)
+                if isinstance(exc, FATAL):
+                    raise
         if self._log_ops:
             _log.debug("operation_settled", purgatory=self.name, op=repr(op))
 
@@ -423,7 +411,6 @@ class Lifecycle:
             exc = op._outcome
             error = f"{type(exc).__name__}: {exc}"
         clock = self._clock
-        assert clock is not None
         epoch = clock.epoch_offset
         deadline = op._deadline
         return OperationEvent(
@@ -470,7 +457,8 @@ class _Detached(Lifecycle):
     """The owner of operations no purgatory holds: callbacks run where they complete."""
 
     def __init__(self) -> None:
-        super().__init__("detached", None, None, None)
+        # Never started and never timed: its timer and store stay empty.
+        super().__init__("detached", Timer(), WatchStore(1), DEFAULT_CLOCK)
         # Tasks of async callbacks: kept here so they are not collected mid-way.
         self._orphans: set[asyncio.Task[None]] = set()
 

@@ -124,10 +124,13 @@ class TimerHandle(TimerEntry):
             raise RuntimeError("cannot reschedule a cancelled timer handle")
         seconds = check_seconds(delay, "delay")
         timer = self._timer
+        when = timer._now() + seconds
+        if when >= timer.horizon:
+            timer._beyond(delay)
         if self._bucket is not None:
             timer._remove(self)
         self._state = _PENDING
-        timer._add(self, timer._now() + seconds)
+        timer._add(self, when)
 
     def _fire(self) -> None:
         if self._state == _PENDING:
@@ -361,7 +364,7 @@ class Timer:
         before the present, so the queue is forgotten and the wheel jumps to now
         instead of cascading new entries down from stale levels.
         """
-        if self._reaper is None or self._reaper.done():
+        if self._reaper is None:
             self._start()
         elif asyncio._get_running_loop() is not self._loop:
             raise RuntimeError("this Timer belongs to another event loop (or thread)")
