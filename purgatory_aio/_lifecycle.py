@@ -102,9 +102,6 @@ class Lifecycle:
         self._thread_id = -1
         self.closed = False
         self._ids = itertools.count(1)
-        # Operations admitted and not yet settled: shutdown waits for this to reach 0.
-        self.unsettled = 0
-        self._quiet: asyncio.Future[None] | None = None
         self.n_completed = 0
         self.n_expired = 0
         self.n_cancelled = 0
@@ -163,11 +160,13 @@ class Lifecycle:
                 f"{self.name!r} can place (deadlines up to {self._horizon:.6g} on its clock; "
                 "a finer tick shortens that)"
             )
-        # Admitted: from here on the operation is this owner's until it settles.
+        # Admitted: from here on the operation is this owner's until it settles. Another
+        # thread completing or cancelling it this very moment may still have read the
+        # detached owner: it then settles the operation itself, and the checks of ENDED
+        # below stop the admission before anything is watched or timed.
         op._owner = self
         op._keys = watch_keys
         op._deadline = deadline
-        self.unsettled += 1
         if try_guarded(op):
             return True
         if op._state & ENDED:
@@ -272,16 +271,15 @@ class Lifecycle:
     # -- shutdown ------------------------------------------------------------------------------
 
     async def shutdown(self, expire_pending: bool) -> int:
-        """Settle every pending operation, then wait until every admitted one has settled.
+        """Settle every pending operation, then wait for those still settling.
 
-        Returns how many pending operations it settled itself.
+        Returns how many pending operations it found.
         """
         self.closed = True
         timer = self._timer
-        pending = timer._drain()
+        pending: list[DelayedOperation[Any]] = timer._drain()  # type: ignore[assignment]
         fatal: BaseException | None = None
-        for entry in pending:
-            op: DelayedOperation[Any] = entry  # type: ignore[assignment]
+        for op in pending:
             try:
                 if not expire_pending:
                     op.cancel()
@@ -293,20 +291,19 @@ class Lifecycle:
                 fatal = fatal or exc
         if fatal is not None:
             raise fatal
-        # Operations completed before or during shutdown, on this thread or another, are
-        # still settling (callback tasks, hand-overs from other threads): wait for all.
-        loop = asyncio.get_running_loop()
+        # Every operation completed before or during shutdown is settling: in a callback
+        # task, or — if another thread completed or cancelled it — in a hand-over to this
+        # loop. The latter were still in the timer (the hand-over takes them out), so they
+        # are among ``pending``: wait until each of those has settled too.
+        settling = [op for op in pending if not op._state & SETTLED]
         while True:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
                 continue
-            if not self.unsettled:
+            settling = [op for op in settling if not op._state & SETTLED]
+            if not settling:
                 break
-            self._quiet = quiet = loop.create_future()
-            try:
-                await quiet
-            finally:
-                self._quiet = None
+            await asyncio.sleep(0.001)  # a thread's hand-over is on its way
         timer.close()
         self._store.clear()
         return len(pending)
@@ -383,9 +380,6 @@ class Lifecycle:
         if waiter is not None:
             op._waiter = None
             _release(waiter)
-        self.unsettled -= 1
-        if not self.unsettled and self._quiet is not None and not self._quiet.done():
-            self._quiet.set_result(None)
         if self._observed:
             self._observe(op)
 

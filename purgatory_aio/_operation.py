@@ -202,18 +202,17 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         Removes it from the timer and runs :meth:`on_complete`. Safe from any
         thread: off the purgatory's loop thread the rest is handed to the loop.
         """
-        owner = self._owner
-        if owner is DETACHED:
+        if self._owner is DETACHED:
             DETACHED.check_can_complete(self)  # refuses before anything changes
         # transition(), inlined: this is every satisfied operation's path.
         acquire()
-        try:
-            state = self._state
-            if state & ENDED:
-                return False
-            self._state = state | COMPLETED
-        finally:
+        state = self._state
+        owner = self._owner
+        if state & ENDED:
             release()
+            return False
+        self._state = state | COMPLETED
+        release()
         owner.completed(self, None)
         return True
 

@@ -44,14 +44,17 @@ acquire: Final = _TRANSITION.acquire
 release: Final = _TRANSITION.release
 
 
+# The locked regions below read and write two native attributes of an operation and
+# cannot raise, so they need no try/finally: in the compiled build that would save and
+# restore the exception state on every call (measured: 0.5k instructions a region).
+
+
 def transition(op: DelayedOperation[Any], bits: int) -> bool:
     """Set ``bits`` if ``op`` is still pending; True for the one caller that did."""
     acquire()
-    try:
-        state = op._state
-        if state & ENDED:
-            return False
+    state = op._state
+    won = not state & ENDED
+    if won:
         op._state = state | bits
-        return True
-    finally:
-        release()
+    release()
+    return won
