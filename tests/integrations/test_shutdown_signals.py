@@ -43,7 +43,10 @@ def _free_port() -> int:
 @contextmanager
 def _server(args: list[str], port: int, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = (tmp_path / "server.log").open("wb")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The checkout last on the path, so `-m examples...` imports however the package was
+    # installed, and a compiled core put first (PYTHONPATH) stays first.
+    path = [p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(path)}
     process = subprocess.Popen(
         [sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
     )
