@@ -100,7 +100,9 @@ class NaiveWaits:
 
 def _settings() -> Settings:
     # One replica: the fetch purgatory then holds the clients' polls only.
-    return Settings(partitions=1, replication_factor=1, brokers=1)
+    # The topics exist from the start: a fetch does not create its topic.
+    topics = ("bench-integration", "bench-purgatory", "bench-naive")
+    return Settings(partitions=1, replication_factor=1, brokers=1, topics=topics)
 
 
 def _state(broker: HttpBroker, naive: NaiveWaits) -> dict[str, float]:

@@ -22,6 +22,43 @@ CHARTS = {
     "memory_bytes_per_op.png": "Bytes per pending operation (3 keys)",
 }
 LOOP_STYLE = {"asyncio": "-", "uvloop": "--"}
+#: Each contender's colour family: the compiled core in the dark shade, pure Python in
+#: the light one (and hollow markers), so the two builds never look alike.
+SHADES = {
+    "blue": ("#1f4e9c", "#7fb2f0"),
+    "orange": ("#c2500a", "#fdb36b"),
+    "red": ("#a50f15", "#f4878a"),
+    "gray": ("#4d4d4d", "#b3b3b3"),
+}
+
+
+def _pure(record: Record) -> bool:
+    return bool((record.get("env") or {}).get("build", "pure") != "compiled")
+
+
+def _style(record: Record, family: str, marker: str = "o") -> dict[str, Any]:
+    """Line colour, dash and marker of one contender in one record: colour says the
+    contender and its build, the dash the event loop."""
+    pure = _pure(record)
+    color = SHADES[family][1 if pure else 0]
+    return {
+        "linestyle": LOOP_STYLE.get(str(record["loop"]), ":"),
+        "color": color,
+        "marker": marker,
+        "markerfacecolor": "white" if pure else color,
+        "markeredgecolor": color,
+    }
+
+
+def _legend_outside(ax: Any) -> None:
+    # Beside the plot, never over the data.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _legend_below(ax: Any, columns: int = 2) -> None:
+    ax.legend(
+        fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=columns, frameon=False
+    )
 
 
 def load_records(results_dir: Path) -> list[Record]:
@@ -184,19 +221,17 @@ def _cost_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
     w3, w2 = _by(chosen, "w3"), _by(chosen, "w2")
     if not w3 and not w2:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 7))
     ax = axes[0]
     for record in w3:
-        for name, color in (("timer", "tab:blue"), ("call_later", "tab:orange")):
+        for name, family in (("timer", "blue"), ("call_later", "orange")):
             rows = record["results"]["contenders"][name]
             sizes = sorted(int(s) for s in rows)
             ax.plot(
                 sizes,
                 [rows[str(s)]["ns_per_pair"] for s in sizes],
-                LOOP_STYLE.get(record["loop"], ":"),
-                color=color,
-                marker="o",
                 label=f"{name} ({variant(record)})",
+                **_style(record, family),
             )
     ax.set(
         xscale="log",
@@ -205,7 +240,7 @@ def _cost_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
         ylabel="CPU ns per add+cancel",
         title="W3 timer add+cancel",
     )
-    colors = {"watch-list": "tab:red", "threshold-index": "tab:blue", "naive-futures": "tab:orange"}
+    families = {"watch-list": "red", "threshold-index": "blue", "naive-futures": "orange"}
     for ax, series, metric, title in (
         (axes[1], "spec", "us_per_completed", "W2 hot key, 1% satisfiable/step"),
         (axes[2], "fixed", "us_per_step_median", "W2 hot key, 10 satisfiable/step"),
@@ -217,16 +252,14 @@ def _cost_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
                 ax.plot(
                     sizes,
                     [rows[str(s)][metric] for s in sizes],
-                    LOOP_STYLE.get(record["loop"], ":"),
-                    color=colors.get(name),
-                    marker="o",
                     label=f"{name} ({variant(record)})",
+                    **_style(record, families.get(name, "gray")),
                 )
         ylabel = "CPU us per completed op" if metric == "us_per_completed" else "CPU us per step"
         ax.set(xscale="log", yscale="log", xlabel="pending on the key", ylabel=ylabel, title=title)
     for ax in axes:
         if ax.has_data():
-            ax.legend(fontsize=7)
+            _legend_below(ax)
         ax.grid(True, which="both", alpha=0.3)
     return fig
 
@@ -235,32 +268,28 @@ def _lateness_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
     w4, w1 = _by(chosen, "w4"), _by(chosen, "w1")
     if not w4 and not w1:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.5))
     for ax, records, names, title in (
         (axes[0], w4, ("timer", "call_at"), "W4: 100k timers over 2 s, idle loop"),
         (axes[1], w1, ("purgatory", "naive-futures"), "W1: expirations under load"),
     ):
         drawn = False
         for record in records:
-            for name, color in zip(names, ("tab:blue", "tab:orange"), strict=True):
+            for name, family in zip(names, ("blue", "orange"), strict=True):
                 lateness = record["results"]["contenders"][name].get("lateness") or {}
                 curve = lateness.get("curve_ms")
                 if not curve:
                     continue
                 drawn = True
                 pct = [100 * i / (len(curve) - 1) for i in range(len(curve))]
-                ax.plot(
-                    pct,
-                    curve,
-                    LOOP_STYLE.get(record["loop"], ":"),
-                    color=color,
-                    label=f"{name} ({variant(record)})",
-                )
+                style = _style(record, family)
+                style["marker"] = None
+                ax.plot(pct, curve, label=f"{name} ({variant(record)})", **style)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set(xlabel="percentile", ylabel="lateness ms (fire - deadline)", title=title)
         ax.set_yscale("symlog", linthresh=1.0)
         if drawn:
-            ax.legend(fontsize=7)
+            _legend_below(ax)
         ax.grid(True, alpha=0.3)
     return fig
 
@@ -271,14 +300,26 @@ def _w1_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
         return None
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = ("purgatory", "naive-futures", "harness")
-    colors = ("tab:blue", "tab:orange", "tab:gray")
+    families = ("blue", "orange", "gray")
     width = 0.27
     labels = []
+    labelled: set[str] = set()
     for i, record in enumerate(records):
         labels.append(f"{record['workload']}\n{variant(record)}\nn={record['params']['n']:,}")
-        for j, (name, color) in enumerate(zip(names, colors, strict=True)):
+        pure = _pure(record)
+        for j, (name, family) in enumerate(zip(names, families, strict=True)):
             value = record["results"]["contenders"][name]["cpu_us_per_op"]
-            ax.bar(i + (j - 1) * width, value, width, color=color, label=name if i == 0 else None)
+            label = f"{name} ({'pure Python' if pure else 'compiled'})"
+            ax.bar(
+                i + (j - 1) * width,
+                value,
+                width,
+                color=SHADES[family][1 if pure else 0],
+                hatch="//" if pure else None,
+                edgecolor="white" if not pure else SHADES[family][0],
+                label=None if label in labelled else label,
+            )
+            labelled.add(label)
             ax.annotate(
                 f"{value:.1f}", (i + (j - 1) * width, value), ha="center", va="bottom", fontsize=7
             )
@@ -288,7 +329,7 @@ def _w1_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
         ylabel="process CPU us per operation",
         title="W1: CPU per operation (harness = driver alone)",
     )
-    ax.legend(fontsize=8)
+    _legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
     return fig
 
@@ -297,19 +338,17 @@ def _memory_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
     records = _by(chosen, "memory")
     if not records:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     for record in records:
-        for name, color in (("purgatory", "tab:blue"), ("naive-futures", "tab:orange")):
+        for name, family in (("purgatory", "blue"), ("naive-futures", "orange")):
             rows = record["results"]["contenders"][name]
             sizes = sorted(int(s) for s in rows)
             for method, marker in (("tracemalloc", "o"), ("rss", "s")):
                 ax.plot(
                     sizes,
                     [rows[str(s)][f"{method}_bytes_per_op"] for s in sizes],
-                    LOOP_STYLE.get(record["loop"], ":"),
-                    color=color,
-                    marker=marker,
                     label=f"{name} {method} ({variant(record)})",
+                    **_style(record, family, marker),
                 )
     ax.axhline(350, color="tab:red", linewidth=0.8, linestyle=":", label="goal 350 B")
     ax.set(
@@ -319,7 +358,7 @@ def _memory_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
         title="Memory per pending operation (3 keys)",
     )
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     ax.grid(True, which="both", alpha=0.3)
     return fig
 

@@ -8,13 +8,21 @@ the cluster is configured from the ``MINIKAFKA_*`` environment variables (see
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Mapping
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from minikafka.broker import DelayedFetch
 from minikafka.protocol import FetchResponse
 
-from examples.http_broker_common import HttpBroker, Reply, Settings
+from examples.http_broker_common import (
+    MAX_BODY_BYTES,
+    HttpBroker,
+    Reply,
+    Settings,
+    http_error,
+    settings_from_env_or_exit,
+)
 from purgatory_aio import Purgatory
 from purgatory_aio.integrations.aiohttp import (
     cancel_on_disconnect,
@@ -30,8 +38,10 @@ BROKER = web.AppKey("broker", HttpBroker)
 
 def make_app(settings: Settings | None = None) -> web.Application:
     """An aiohttp application serving a fresh broker (``app[BROKER]``)."""
-    broker = HttpBroker(settings or Settings.from_env())
-    app = web.Application(middlewares=[request_context_middleware])
+    broker = HttpBroker(settings or settings_from_env_or_exit("examples.aiohttp_broker"))
+    app = web.Application(
+        middlewares=[request_context_middleware, json_errors], client_max_size=MAX_BODY_BYTES
+    )
     app[BROKER] = broker
     setup_purgatories(app, *broker.purgatories)
     app.cleanup_ctx.append(_run_broker)
@@ -40,6 +50,27 @@ def make_app(settings: Settings | None = None) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler(broker.metrics))
     return app
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (no route, method not allowed, body too large) in the
+    broker's JSON error shape instead of plain text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = None
+        if isinstance(exc, web.HTTPNotFound):
+            message = f"no route {request.method} {request.path}"
+        elif isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        elif isinstance(exc, web.HTTPRequestEntityTooLarge):
+            message = f"the body is larger than the {MAX_BODY_BYTES:,} bytes accepted"
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return _json(http_error(exc.status, message), headers=headers)
 
 
 async def _run_broker(app: web.Application) -> AsyncIterator[None]:
@@ -53,7 +84,7 @@ async def produce(request: web.Request) -> web.Response:
         await request.app[BROKER].produce(
             request.match_info["topic"],
             request.match_info["partition"],
-            request.query,
+            request.query.items(),
             body,
             lambda: cancel_on_disconnect(request),
         )
@@ -68,7 +99,10 @@ async def fetch(request: web.Request) -> web.Response:
 
     return _json(
         await request.app[BROKER].fetch(
-            request.match_info["topic"], request.match_info["partition"], request.query, wait
+            request.match_info["topic"],
+            request.match_info["partition"],
+            request.query.items(),
+            wait,
         )
     )
 
@@ -77,9 +111,9 @@ async def healthz(request: web.Request) -> web.Response:
     return _json(request.app[BROKER].health())
 
 
-def _json(reply: Reply) -> web.Response:
+def _json(reply: Reply, headers: Mapping[str, str] | None = None) -> web.Response:
     status, body = reply
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=headers)
 
 
 def main(argv: list[str] | None = None) -> int:

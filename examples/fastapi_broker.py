@@ -13,15 +13,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Awaitable, Hashable, Iterable
+from collections.abc import Awaitable, Hashable, Iterable, Mapping
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from minikafka.broker import DelayedFetch
 from minikafka.protocol import FetchResponse
+from starlette.exceptions import HTTPException
 
-from examples.http_broker_common import HttpBroker, Reply, Settings
+from examples.http_broker_common import (
+    HttpBroker,
+    Reply,
+    Settings,
+    http_error,
+    settings_from_env_or_exit,
+)
 from purgatory_aio import Purgatory
 from purgatory_aio.integrations.fastapi import (
     PurgatoryLifespan,
@@ -35,13 +42,14 @@ from purgatory_aio.integrations.fastapi import (
 
 def make_app(settings: Settings | None = None) -> FastAPI:
     """A FastAPI application serving a fresh broker (``app.state.broker``)."""
-    broker = HttpBroker(settings or Settings.from_env())
+    broker = HttpBroker(settings or settings_from_env_or_exit("examples.fastapi_broker"))
     app = FastAPI(
         title="minikafka over HTTP",
         lifespan=PurgatoryLifespan(*broker.purgatories, lifespan=broker.lifespan),
     )
     app.state.broker = broker
     app.add_middleware(RequestContextMiddleware)
+    app.add_exception_handler(HTTPException, _http_exception)
 
     @app.post("/topics/{topic}/partitions/{partition}/records")
     async def produce(request: Request, topic: str, partition: str) -> JSONResponse:
@@ -50,7 +58,7 @@ def make_app(settings: Settings | None = None) -> FastAPI:
             await broker.produce(
                 topic,
                 partition,
-                request.query_params,
+                request.query_params.multi_items(),
                 body,
                 lambda: cancel_on_disconnect(request),
             )
@@ -63,7 +71,7 @@ def make_app(settings: Settings | None = None) -> FastAPI:
         ) -> Awaitable[FetchResponse]:
             return watch_and_wait(request, purgatory, op, keys)
 
-        return _json(await broker.fetch(topic, partition, request.query_params, wait))
+        return _json(await broker.fetch(topic, partition, request.query_params.multi_items(), wait))
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -73,9 +81,23 @@ def make_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _json(reply: Reply) -> JSONResponse:
+def _json(reply: Reply, headers: Mapping[str, str] | None = None) -> JSONResponse:
     status, body = reply
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette's own 404 and 405 (and any HTTPException) in the broker's error shape.
+    assert isinstance(exc, HTTPException)
+    message = None
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("allow", "")
+        message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
+    elif isinstance(exc.detail, str):
+        message = exc.detail
+    return _json(http_error(exc.status_code, message), headers=exc.headers)
 
 
 app = make_app()

@@ -23,9 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import signal
 import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 try:
@@ -110,18 +113,26 @@ class PurgatoryLifespan:
     The purgatories are published as ``app.state.purgatories`` (a
     :class:`~purgatory_aio.integrations.Purgatories`) for the dependencies.
 
-    Note that uvicorn runs the lifespan shutdown only after the requests in
-    flight have finished; run the app with :class:`Server` to answer pending
-    long polls as soon as shutdown begins.
+    uvicorn runs the lifespan shutdown only after the requests in flight have
+    finished, which a pending long poll would hold up until its own deadline.
+    So while the application runs in the main thread, the lifespan also hooks
+    SIGINT and SIGTERM: the signal starts the purgatories' shutdown at once
+    (every pending operation expired, each client answered) and is passed on to
+    the handler the server installed, which stops the server as before. This
+    works under plain ``uvicorn``, ``uvicorn --workers N`` and gunicorn's
+    uvicorn workers, which all stop a worker with one of those signals. Pass
+    ``settle_on_signal=False`` to let pending operations run to their deadlines.
     """
 
     def __init__(
         self,
         *purgatories: Purgatory,
         lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
+        settle_on_signal: bool = True,
     ) -> None:
         self.purgatories = Purgatories(purgatories)
         self._lifespan = lifespan
+        self._settle_on_signal = settle_on_signal
 
     def __call__(self, app: Starlette) -> AbstractAsyncContextManager[Any]:
         return self._run(app)
@@ -129,7 +140,8 @@ class PurgatoryLifespan:
     @asynccontextmanager
     async def _run(self, app: Starlette) -> AsyncIterator[Any]:
         app.state.purgatories = self.purgatories
-        async with self.purgatories:
+        settle = _SettleOnSignal(self.purgatories, enabled=self._settle_on_signal)
+        async with self.purgatories, settle:
             if self._lifespan is None:
                 yield None
             else:
@@ -137,12 +149,74 @@ class PurgatoryLifespan:
                     yield state
 
 
+#: The signals servers stop on: Ctrl-C, and what process managers (uvicorn's
+#: --workers supervisor, gunicorn, systemd, Kubernetes) send.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+_SignalHandler = Callable[[int, FrameType | None], Any]
+
+
+class _SettleOnSignal:
+    """Starts shutting the purgatories down when the process is told to stop.
+
+    The server's own handler (uvicorn's ``Server.handle_exit``) is installed
+    before the lifespan starts; this wraps it, so the server still stops as it
+    would, and restores it when the lifespan ends. Only a callable handler is
+    wrapped: with ``SIG_DFL`` or ``SIG_IGN`` nobody is shutting down gracefully
+    on that signal. Signal handlers can only be set from the main thread, so an
+    application run elsewhere (a test client's portal thread) is left alone.
+    """
+
+    def __init__(self, registry: Purgatories, *, enabled: bool) -> None:
+        self._registry = registry
+        self._enabled = enabled
+        self._previous: dict[int, _SignalHandler] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shutdown: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> None:
+        if not self._enabled or threading.current_thread() is not threading.main_thread():
+            return
+        self._loop = asyncio.get_running_loop()
+        for sig in _STOP_SIGNALS:
+            current = signal.getsignal(sig)
+            if callable(current):
+                self._previous[sig] = current
+                signal.signal(sig, self._handle)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for sig, previous in self._previous.items():
+            # Someone who replaced our handler since owns the signal now.
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous)
+        self._previous.clear()
+        if self._shutdown is not None:
+            await self._shutdown
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            # A Python signal handler runs between two bytecodes of the main thread,
+            # possibly inside the loop's own code: schedule, never run, from here.
+            loop.call_soon_threadsafe(self._start_shutdown, signum)
+        previous = self._previous.get(signum)
+        if previous is not None:
+            previous(signum, frame)
+
+    def _start_shutdown(self, signum: int) -> None:
+        if self._shutdown is None:
+            _log.info("purgatories_settling_on_signal", signal=signal.Signals(signum).name)
+            self._shutdown = asyncio.get_running_loop().create_task(self._registry.shutdown())
+
+
 class Server(uvicorn.Server):
     """A ``uvicorn.Server`` that shuts the purgatories down as soon as it starts stopping.
 
     uvicorn waits for requests in flight before the lifespan shutdown, so a
     long poll would hold the shutdown until its own deadline. This server
-    expires every pending operation first: each client gets its answer at once.
+    expires every pending operation first: each client gets its answer at once,
+    however the server was told to stop (a signal, or ``should_exit`` set by
+    code, which :class:`PurgatoryLifespan`'s signal hook does not see).
 
     Args:
         config: the uvicorn config.

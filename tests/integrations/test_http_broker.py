@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,14 +19,14 @@ from http_support import HANG_GUARD, Served, serve_aiohttp, serve_asgi, wait_unt
 from minikafka.records import TopicPartition
 
 from examples import aiohttp_broker, fastapi_broker
-from examples.http_broker_common import HttpBroker, Settings
+from examples.http_broker_common import HttpBroker, Settings, SettingsError
 
 RECORDS = "/topics/t/partitions/0/records"
 TP = TopicPartition("t", 0)
 #: A single replica: the fetch purgatory then holds consumer polls only.
-SOLO = Settings(partitions=1, replication_factor=1, brokers=1)
+SOLO = Settings(partitions=1, replication_factor=1, brokers=1, topics=("t",))
 #: Three replicas that stay in the ISR however long a test stalls them.
-TRIO = Settings(partitions=1, replication_factor=3, replica_lag_time_max=3600.0)
+TRIO = Settings(partitions=1, replication_factor=3, replica_lag_time_max=3600.0, topics=("t",))
 
 
 @pytest.fixture(params=["fastapi", "aiohttp"])
@@ -115,7 +119,6 @@ async def test_records_round_trip_with_keys(server_kind: str) -> None:
 
 async def test_consumers_see_a_record_once_the_followers_have_it(server_kind: str) -> None:
     async with broker_server(server_kind, TRIO) as (served, broker), client(served) as http:
-        await http.get(RECORDS, params={"max_wait_ms": 0})  # creates the topic
         stall_followers(broker)
         assert (await produce(http, "x", acks=1)).json() == {"base_offset": 0}
         early = await http.get(RECORDS, params={"offset": 0, "max_wait_ms": 0})
@@ -191,7 +194,6 @@ async def test_a_thousand_long_polls_all_answer_after_one_produce(server_kind: s
 
 async def test_acks_all_answers_only_after_replication(server_kind: str) -> None:
     async with broker_server(server_kind, TRIO) as (served, broker), client(served) as http:
-        await http.get(RECORDS, params={"max_wait_ms": 0})  # creates the topic
         stall_followers(broker)
         produce_purgatory = broker.cluster.purgatories["produce"]
         answer = produce(http, "durable", acks="all", timeout_ms=300_000)
@@ -208,32 +210,35 @@ async def test_acks_all_answers_only_after_replication(server_kind: str) -> None
 
 async def test_acks_all_times_out_with_504(server_kind: str) -> None:
     async with broker_server(server_kind, TRIO) as (served, broker), client(served) as http:
-        await http.get(RECORDS, params={"max_wait_ms": 0})
         stall_followers(broker)
         response = await produce(http, "x", acks="all", timeout_ms=20)
     assert response.status_code == 504
     assert response.json()["error"] == "REQUEST_TIMED_OUT"
+    assert "within timeout_ms=20; they may still be committed" in response.json()["message"]
 
 
 async def test_acks_all_without_enough_in_sync_replicas_is_refused_with_503(
     server_kind: str,
 ) -> None:
     settings = Settings(
-        partitions=1, replication_factor=3, min_insync_replicas=2, replica_lag_time_max=0.05
+        partitions=1,
+        replication_factor=3,
+        min_insync_replicas=2,
+        replica_lag_time_max=0.05,
+        topics=("t",),
     )
     async with broker_server(server_kind, settings) as (served, broker), client(served) as http:
-        await http.get(RECORDS, params={"max_wait_ms": 0})
         stall_followers(broker)
         partition = broker.cluster.partition(TP)
         await wait_until(lambda: partition.isr == (0,), "the followers to leave the ISR")
         response = await produce(http, "x", acks="all")
     assert response.status_code == 503
     assert response.json()["error"] == "NOT_ENOUGH_REPLICAS"
+    assert "min.insync.replicas=2; nothing was appended" in response.json()["message"]
 
 
 async def test_a_client_leaving_an_acks_all_write_withdraws_it(server_kind: str) -> None:
     async with broker_server(server_kind, TRIO) as (served, broker), client(served) as http:
-        await http.get(RECORDS, params={"max_wait_ms": 0})
         stall_followers(broker)
         produce_purgatory = broker.cluster.purgatories["produce"]
         answer = produce(http, "x", acks="all", timeout_ms=300_000)
@@ -262,6 +267,7 @@ BAD_FETCHES = [
     (RECORDS, {"offset": "abc"}, 400, "INVALID_REQUEST"),
     (RECORDS, {"offset": "-5"}, 400, "INVALID_REQUEST"),
     (RECORDS, {"offset": "99999999999999999999"}, 400, "INVALID_REQUEST"),
+    ("/topics/unknown/partitions/0/records", {}, 404, "UNKNOWN_TOPIC_OR_PARTITION"),
     (RECORDS, {"min_bytes": "1.5"}, 400, "INVALID_REQUEST"),
     (RECORDS, {"max_wait_ms": "300001"}, 400, "INVALID_REQUEST"),
     (RECORDS, {"max_wait_ms": ""}, 400, "INVALID_REQUEST"),
@@ -270,7 +276,7 @@ BAD_FETCHES = [
     (RECORDS, {"offset": "5", "max_wait_ms": "0"}, 416, "OFFSET_OUT_OF_RANGE"),
 ]
 
-BAD_PRODUCES: list[tuple[dict[str, str], Any, int, str]] = [
+BAD_PRODUCES: list[tuple[dict[str, Any], Any, int, str]] = [
     ({"acks": "2"}, {"records": [{"value": "x"}]}, 400, "INVALID_REQUIRED_ACKS"),
     ({"acks": "ALL"}, {"records": [{"value": "x"}]}, 400, "INVALID_REQUIRED_ACKS"),
     ({"timeout_ms": "-1"}, {"records": [{"value": "x"}]}, 400, "INVALID_REQUEST"),
@@ -288,6 +294,7 @@ BAD_PRODUCES: list[tuple[dict[str, str], Any, int, str]] = [
     ({}, {"records": [{"value": "x", "headers": {}}]}, 400, "INVALID_REQUEST"),
     ({}, {"records": ["x"]}, 400, "INVALID_REQUEST"),
     ({}, b"x" * (1024 * 1024 + 1), 413, "INVALID_REQUEST"),
+    ({"acks": ["1", "all"]}, {"records": [{"value": "x"}]}, 400, "INVALID_REQUEST"),
 ]
 
 
@@ -309,10 +316,50 @@ async def test_bad_produce_parameters_get_a_4xx_with_a_message(server_kind: str)
                 response = await http.post(RECORDS, params=params, json=body)
             shown = (params, str(body)[:40])
             assert response.status_code == status, (shown, response.text[:200])
-            # aiohttp refuses an oversized body itself, before the route sees it.
-            if response.headers["content-type"].startswith("application/json"):
-                answer = response.json()
+            answer = response.json()
+            if status == 413:
+                # aiohttp refuses an oversized body itself, before the route sees it.
+                assert answer["error"] in (error, "REQUEST_ENTITY_TOO_LARGE"), answer
+                assert "1,048,576 bytes" in answer["message"], answer
+            else:
                 assert answer["error"] == error and answer["message"], (shown, answer)
+
+
+MESSAGES: list[tuple[str, str, dict[str, Any], str]] = [
+    ("GET", RECORDS, {"offset": "9" * 20}, "offset is out of range: it must be from 0 to 2^62"),
+    ("GET", RECORDS, {"max_wait_ms": "300001"}, "from 0 to 300,000, got 300001"),
+    ("GET", RECORDS, {"offset": "1.5"}, "offset must be a whole number, got '1.5'"),
+    ("GET", "/topics/nope/partitions/0/records", {}, "topic 'nope' does not exist"),
+    ("POST", RECORDS, {"acks": ["1", "all"]}, "'acks' is given more than once ('1' and 'all')"),
+    ("POST", RECORDS, {}, "the request body is empty"),
+]
+
+
+async def test_error_messages_say_what_is_wrong_and_what_is_accepted(server_kind: str) -> None:
+    async with broker_server(server_kind, SOLO) as (served, _), client(served) as http:
+        for method, path, params, message in MESSAGES:
+            response = await http.request(method, path, params=params)
+            assert message in response.json()["message"], (path, params, response.json())
+
+
+async def test_a_fetch_never_creates_a_topic(server_kind: str) -> None:
+    async with broker_server(server_kind, SOLO) as (served, broker), client(served) as http:
+        response = await http.get("/topics/nope/partitions/0/records")
+        assert response.status_code == 404
+        assert broker.cluster.metadata("nope") is None
+
+
+async def test_framework_errors_use_the_json_error_shape(server_kind: str) -> None:
+    async with broker_server(server_kind, SOLO) as (served, _), client(served) as http:
+        missing = await http.get("/nowhere")
+        wrong_method = await http.delete(RECORDS)
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "NOT_FOUND", "message": "no route GET /nowhere"}
+    assert wrong_method.status_code == 405
+    body = wrong_method.json()
+    assert body["error"] == "METHOD_NOT_ALLOWED"
+    assert body["message"].startswith(f"DELETE is not allowed on {RECORDS}; use ")
+    assert "POST" in wrong_method.headers["allow"]
 
 
 # -- health and metrics --------------------------------------------------------------------------
@@ -362,8 +409,32 @@ def test_settings_come_from_the_environment() -> None:
         {"MINIKAFKA_PARTITIONS": "0"},
         {"MINIKAFKA_REPLICATION_FACTOR": "4", "MINIKAFKA_BROKERS": "3"},
         {"MINIKAFKA_FOLLOWER_LAG_MS": "-1"},
+        {"MINIKAFKA_FOLLOWER_LAG_MS": "nan"},
+        {"MINIKAFKA_TOPICS": "a,b c"},
     ],
 )
-def test_bad_settings_in_the_environment_are_refused(environ: dict[str, str]) -> None:
-    with pytest.raises(ValueError, match=r"MINIKAFKA|replication_factor|partitions|follower_lag"):
+def test_bad_settings_in_the_environment_are_refused_naming_the_variable(
+    environ: dict[str, str],
+) -> None:
+    with pytest.raises(SettingsError) as error:
         Settings.from_env(environ)
+    # The variable the user set, never an internal field name.
+    assert str(error.value).startswith(("MINIKAFKA_", "MINIKAFKA_REPLICATION_FACTOR="))
+    assert "replication_factor " not in str(error.value) and "follower_lag " not in str(error.value)
+
+
+def test_a_bad_environment_variable_stops_uvicorn_with_one_line() -> None:
+    env = {**os.environ, "MINIKAFKA_PARTITIONS": "many"}
+    done = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "examples.fastapi_broker:app", "--port", "1"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "examples.fastapi_broker: MINIKAFKA_PARTITIONS='many': "
+        "expected a whole number from 1 to 999999"
+    ]

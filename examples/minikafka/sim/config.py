@@ -8,6 +8,10 @@ from dataclasses import asdict, dataclass
 #: Faults the simulator can inject, in the order they are described.
 FAULTS: tuple[str, ...] = ("slow-follower", "dead-follower", "silent-consumer", "producer-burst")
 
+#: The longest run accepted, in simulated seconds: an hour of traffic already takes
+#: minutes of CPU in virtual time, and a bound keeps a typo from running for ever.
+MAX_DURATION = 3600.0
+
 #: Accepted ``acks`` settings; ``mixed`` cycles producers through all, 1 and 0.
 ACKS_CHOICES: tuple[str, ...] = ("0", "1", "all", "mixed")
 
@@ -57,21 +61,27 @@ class SimConfig:
     def problems(self) -> list[str]:
         """Why this configuration cannot run (empty when it can)."""
         found: list[str] = []
-        if not (math.isfinite(self.duration) and self.duration > 0):
-            found.append(f"duration must be a positive number of seconds, got {self.duration}")
+        if not (math.isfinite(self.duration) and 0 < self.duration <= MAX_DURATION):
+            found.append(
+                f"duration must be a positive number of seconds up to {MAX_DURATION:g}, "
+                f"got {self.duration:g}"
+            )
+        counts_ok = True
         for name in ("brokers", "partitions", "replicas", "max_in_flight", "record_bytes"):
             if getattr(self, name) < 1:
+                counts_ok = False
                 found.append(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("producers", "consumers"):
             if getattr(self, name) < 0:
                 found.append(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.replicas > self.brokers:
+        # The checks relating counts to each other would only repeat an error above.
+        if counts_ok and self.replicas > self.brokers:
             found.append(
                 f"replicas ({self.replicas}) cannot exceed brokers ({self.brokers}): "
                 "each replica of a partition lives on a different broker"
             )
         min_insync = self.effective_min_insync
-        if not 1 <= min_insync <= self.replicas:
+        if counts_ok and not 1 <= min_insync <= self.replicas:
             found.append(
                 f"min-insync must be between 1 and replicas ({self.replicas}), got {min_insync}"
             )

@@ -45,7 +45,8 @@ class Report:
             _rate_line("appended", t["appended_records"], t["appended_records_per_s"])
             + f"  {t['appended_bytes_per_s'] / 1024:,.1f} KiB/s",
             _rate_line("acked", t["acked_records"], t["acked_records_per_s"]),
-            _rate_line("consumed", t["consumed_records"], t["consumed_records_per_s"]),
+            _rate_line("consumed", t["consumed_records"], t["consumed_records_per_s"])
+            + _redelivered_note(d["consumers"]["redelivered"]),
             "",
             "Produce latency (send to acknowledgement)",
             f"  {'acks':<5} {'producers':>9} {'records':>9} {'acked':>9} {'failed':>7} "
@@ -99,6 +100,7 @@ class Report:
             f"(max lateness {dm['max_lateness_ms']:g} ms), {dm['pending_at_end']:,} pending at "
             f"the end; consumed {dm['consumed']:,}, seen before due {dm['seen_before_due']}"
         )
+
         c = d["consumers"]
         o = d["ordering"]
         lines += [
@@ -112,6 +114,14 @@ class Report:
             lines += ["", "Faults"]
             lines += [f"  t={e['t']:>8.3f}s  {e['fault']:<16} {e['detail']}" for e in d["faults"]]
         return "\n".join(lines)
+
+
+def _redelivered_note(redelivered: int) -> str:
+    if not redelivered:
+        return ""
+    # Consumers read a record again after a rebalance hands its partition to another
+    # member before the offset was committed: "consumed" can exceed "appended".
+    return f"  ({redelivered:,} of them redelivered after rebalances)"
 
 
 def _rate_line(what: str, records: int, per_second: float) -> str:
@@ -224,8 +234,14 @@ def build_report(state: RunState) -> Report:
 
 def _produce_by_acks(state: RunState) -> dict[str, dict[str, Any]]:
     groups: dict[str, list[Any]] = {}
-    for loop in state.producers:
-        groups.setdefault(acks_name(loop.producer.config.acks), []).append(loop.producer.stats)
+    failed: Counter[str] = Counter()
+    for index, loop in enumerate(state.producers):
+        name = acks_name(loop.producer.config.acks)
+        groups.setdefault(name, []).append(loop.producer.stats)
+        # Records still unsent when the run stopped are reported as unsettled, not as
+        # failures: closing the producer fails them, but no broker refused them.
+        in_run = state.failed_in_run
+        failed[name] += in_run[index] if index < len(in_run) else loop.producer.stats.failed
     result: dict[str, dict[str, Any]] = {}
     for name in ("all", "1", "0"):
         stats = groups.get(name)
@@ -238,7 +254,7 @@ def _produce_by_acks(state: RunState) -> dict[str, dict[str, Any]]:
             "producers": len(stats),
             "sent": sum(s.sent for s in stats),
             "acked": sum(s.acked for s in stats),
-            "failed": sum(s.failed for s in stats),
+            "failed": failed[name],
             "retries": sum(s.retries for s in stats),
             "requests": sum(s.requests for s in stats),
             "errors": dict(sorted(errors.items())),

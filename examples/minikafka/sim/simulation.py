@@ -48,6 +48,9 @@ class RunState:
     tally: OutcomeTally = field(default_factory=OutcomeTally)
     #: Records sent but neither acknowledged nor failed when the run stopped.
     unsettled: int = 0
+    #: Records each producer (by index) saw fail while the run went on, leaving out the
+    #: unsettled ones that closing the producer fails afterwards.
+    failed_in_run: list[int] = field(default_factory=list)
 
 
 class Simulation:
@@ -225,6 +228,7 @@ class Simulation:
             p.producer.stats.sent - p.producer.stats.acked - p.producer.stats.failed
             for p in state.producers
         )
+        state.failed_in_run = [p.producer.stats.failed for p in state.producers]
         for loop in state.producers:
             await loop.producer.close(flush=False)
         timer.close()

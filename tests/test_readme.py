@@ -1,0 +1,169 @@
+"""Every snippet in README.md runs as written.
+
+Conventions for README authors:
+
+* ```` ```python ```` blocks run in file order in one namespace, like a session: a block
+  may use what an earlier block defined (``WaitForOffset``, ``Log``). Each block is a
+  test of its own, which first replays the blocks above it.
+* A block that defines ``test_*`` functions is a test to run: each one is called
+  (``async def`` ones with ``asyncio.run``) after the block, as pytest would.
+* ``<!-- readme-test: skip: <why> -->`` on the line directly above a block leaves it
+  out; it is only for blocks that need an outside service (a running broker, a Redis).
+* ```` ```bash ```` blocks are not run (they install, serve, run for minutes), but every
+  command they name must exist: ``make`` targets in the Makefile, ``.venv/bin/``
+  programs, ``python -m`` modules, ``uvicorn`` applications and repository files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<why>.+?)\s*-->")
+#: Programs a README command may name that this project does not provide.
+OUTSIDE_PROGRAMS = frozenset({"curl", "pip"})
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    line: int
+    code: str
+    skip: str | None
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def _blocks() -> list[Block]:
+    blocks: list[Block] = []
+    lines = README.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        opening = re.fullmatch(r"```(\w+)\s*", lines[i])
+        if opening is None:
+            i += 1
+            continue
+        start = i
+        i += 1
+        body: list[str] = []
+        while i < len(lines) and lines[i].strip() != "```":
+            body.append(lines[i])
+            i += 1
+        marker = SKIP.fullmatch(lines[start - 1].strip()) if start > 0 else None
+        blocks.append(Block(opening.group(1), start + 1, "\n".join(body), marker and marker["why"]))
+        i += 1
+    return blocks
+
+
+BLOCKS = _blocks()
+PYTHON = [b for b in BLOCKS if b.language == "python"]
+BASH = [b for b in BLOCKS if b.language in ("bash", "sh", "shell")]
+
+
+def _run(block: Block, namespace: dict[str, Any]) -> None:
+    before = set(namespace)
+    exec(compile(block.code, str(block), "exec"), namespace)
+    for name in sorted(set(namespace) - before):
+        test = namespace[name]
+        if name.startswith("test_") and callable(test):
+            result = test()
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+
+
+def test_the_readme_has_python_blocks() -> None:
+    assert len(PYTHON) >= 5, "no python blocks found: is the README's fence format unchanged?"
+
+
+def test_skip_markers_are_only_used_with_a_reason() -> None:
+    text = README.read_text(encoding="utf-8")
+    for marker in re.findall(r"<!--\s*readme-test:.*?-->", text):
+        assert SKIP.fullmatch(marker), f"unknown readme-test marker {marker!r}"
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=str)
+def test_python_block_runs_as_written(
+    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if block.skip:
+        pytest.skip(f"{block}: {block.skip}")
+    # Snippets may write files (an event log): into a scratch directory.
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    for earlier in PYTHON[: PYTHON.index(block)]:
+        if not earlier.skip:
+            _run(earlier, namespace)
+    _run(block, namespace)
+
+
+def _make_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, flags=re.MULTILINE))
+
+
+def _commands(code: str) -> list[list[str]]:
+    joined = code.replace("\\\n", " ")
+    commands = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            words.pop(0)  # VAR=value before the program
+        if words:
+            commands.append(words)
+    return commands
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _problems(words: list[str], targets: set[str]) -> list[str]:
+    program, args = words[0], words[1:]
+    found = []
+    if program == "make":
+        found += [f"no make target {a!r}" for a in args if not a.startswith("-") and "=" not in a]
+        found = [p for p in found if p.split("'")[1] not in targets]
+    elif program.startswith(".venv/bin/"):
+        name = program.removeprefix(".venv/bin/")
+        if not (Path(sys.executable).parent / name).exists():
+            found.append(f"{program} is not installed by the project")
+        if name == "python" and "-m" in args:
+            module = args[args.index("-m") + 1]
+            if not _module_exists(module):
+                found.append(f"no module {module!r}")
+    elif program == "uvicorn":
+        app = next(a for a in args if ":" in a)
+        if not _module_exists(app.split(":")[0]):
+            found.append(f"no module for the application {app!r}")
+    elif program not in OUTSIDE_PROGRAMS:
+        found.append(f"{program!r} is neither a project command nor a known outside program")
+    for arg in args:
+        if arg.endswith(".py") and not (ROOT / arg).exists():
+            found.append(f"no file {arg}")
+    return found
+
+
+@pytest.mark.parametrize("block", BASH, ids=str)
+def test_bash_block_names_only_commands_that_exist(block: Block) -> None:
+    targets = _make_targets()
+    problems = [
+        f"{' '.join(words)}: {problem}"
+        for words in _commands(block.code)
+        for problem in _problems(words, targets)
+    ]
+    assert not problems, f"{block}: " + "; ".join(problems)
