@@ -39,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .. import integrations as _common
 from .._errors import PurgatoryClosed
+from .._logging import get_logger
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from . import OnDisconnect, Purgatories, already_disconnected, make_request_id, never_disconnected
@@ -63,7 +64,7 @@ __all__ = [
 
 R = TypeVar("R")
 
-_log = structlog.get_logger("purgatory_aio.integrations.aiohttp")
+_log = get_logger("purgatory_aio.integrations.aiohttp")
 
 
 class ClientDisconnected(_common.ClientDisconnected, web.HTTPClientError):

@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .. import integrations as _common
 from .._errors import PurgatoryClosed
+from .._logging import get_logger
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from . import OnDisconnect, Purgatories, make_request_id
@@ -71,7 +72,7 @@ __all__ = [
 
 R = TypeVar("R")
 
-_log = structlog.get_logger("purgatory_aio.integrations.fastapi")
+_log = get_logger("purgatory_aio.integrations.fastapi")
 
 
 class ClientDisconnected(_common.ClientDisconnected, HTTPException):
