@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvloop
+from support import MockOperation
 
 from purgatory_aio import DelayedOperation, OperationEvent
 
@@ -54,10 +55,11 @@ def raiser(kind: type[BaseException]) -> Hook:
     return hook
 
 
-class HostileOp(DelayedOperation[str]):
-    """An operation whose callbacks count their runs and may run a hook (which may raise).
+class HostileOp(MockOperation):
+    """A MockOperation whose callbacks may also run a hook (which may raise).
 
     ``completable`` decides ``try_complete``; ``try_hook`` runs first in it.
+    ``finished`` counts the ``on_complete`` runs that got past their hook.
     """
 
     def __init__(
@@ -71,36 +73,28 @@ class HostileOp(DelayedOperation[str]):
         try_hook: Hook | None = None,
         clock: Any = None,
     ) -> None:
-        super().__init__(timeout)
+        super().__init__(timeout, completable)
         self.name = name
-        self.completable = completable
         self.on_complete_hook = on_complete_hook
         self.on_expiration_hook = on_expiration_hook
         self.try_hook = try_hook
         self.clock = clock
-        self.completions = 0
-        self.expirations = 0
-        self.finished = 0  # on_complete runs that got to their end
-        self.completed_at: float | None = None
+        self.finished = 0
 
     def try_complete(self) -> bool:
         if self.try_hook is not None:
             self.try_hook(self)
-        if self.completable:
-            return self.force_complete()
-        return False
+        return super().try_complete()
 
     def on_complete(self) -> str:
-        self.completions += 1
-        if self.clock is not None:
-            self.completed_at = self.clock.time()
+        result = super().on_complete()
         if self.on_complete_hook is not None:
             self.on_complete_hook(self)
         self.finished += 1
-        return "expired" if self.expired else "completed"
+        return result
 
     def on_expiration(self) -> None:
-        self.expirations += 1
+        super().on_expiration()
         if self.on_expiration_hook is not None:
             self.on_expiration_hook(self)
 
@@ -109,24 +103,17 @@ class HostileOp(DelayedOperation[str]):
 
 
 class AsyncHostileOp(HostileOp):
-    """The same with ``async`` callbacks that yield to the loop before and after the hook."""
+    """The same with ``async`` callbacks that yield to the loop around the sync ones."""
 
     async def on_complete(self) -> str:  # type: ignore[override]
         await asyncio.sleep(0)
-        self.completions += 1
-        if self.clock is not None:
-            self.completed_at = self.clock.time()
-        if self.on_complete_hook is not None:
-            self.on_complete_hook(self)
+        result = HostileOp.on_complete(self)
         await asyncio.sleep(0)
-        self.finished += 1
-        return "expired" if self.expired else "completed"
+        return result
 
     async def on_expiration(self) -> None:  # type: ignore[override]
         await asyncio.sleep(0)
-        self.expirations += 1
-        if self.on_expiration_hook is not None:
-            self.on_expiration_hook(self)
+        HostileOp.on_expiration(self)
 
 
 class ListSink:

@@ -30,6 +30,13 @@ def check_books(p: Purgatory, pending: list[HostileOp], purge_interval: int) -> 
     assert p.stats().watched == p.watched
 
 
+def cancelling_key_on_complete(p: Purgatory, cancelled: list[list[object]]) -> HostileOp:
+    """An operation whose on_complete calls ``p.cancel_for_key("k")`` and keeps the result."""
+    return HostileOp(
+        1.0, name="first", on_complete_hook=lambda op: cancelled.append(p.cancel_for_key("k"))
+    )
+
+
 def is_pending(op: HostileOp) -> bool:
     return not is_settled(op) and not op.is_completed
 
@@ -39,11 +46,7 @@ async def test_cancel_for_key_from_on_complete_during_check_and_complete_keeps_b
 ) -> None:
     async with asyncio.timeout(LIMIT), Purgatory("lc", clock=clock, purge_interval=2) as p:
         cancelled: list[list[object]] = []
-        first = HostileOp(
-            1.0,
-            name="first",
-            on_complete_hook=lambda op: cancelled.append(p.cancel_for_key("k")),
-        )
+        first = cancelling_key_on_complete(p, cancelled)
         others = [HostileOp(1.0, name=f"other{i}") for i in range(3)]
         for op in (first, *others):
             await p.try_complete_else_watch(op, ["k"])
@@ -68,12 +71,7 @@ async def test_cancel_for_key_from_on_complete_during_advance_key_misses_nothing
 ) -> None:
     async with asyncio.timeout(LIMIT), Purgatory("lc", clock=clock, purge_interval=2) as p:
         cancelled: list[list[object]] = []
-        first = HostileOp(
-            1.0,
-            name="first",
-            completable=False,
-            on_complete_hook=lambda op: cancelled.append(p.cancel_for_key("k")),
-        )
+        first = cancelling_key_on_complete(p, cancelled)
         # Their thresholds are reached too, but their own condition does not hold yet.
         others = [HostileOp(1.0, name=f"other{i}") for i in range(3)]
         await p.watch_threshold(first, "k", 1)
