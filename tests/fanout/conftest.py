@@ -3,8 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from .redis_server import RedisServer
+from fanout_support import RedisServer
 
 
 @pytest.fixture

@@ -6,17 +6,10 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
+from fanout_support import RedisServer, free_port, until
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, RedisFanout, ValueReached
-
-from .redis_server import RedisServer, free_port
-
-
-async def until(condition: object, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
 
 
 async def test_advance_in_one_process_completes_a_wait_in_another(
@@ -64,7 +57,7 @@ async def test_advances_out_of_order_and_duplicated(redis_server: RedisServer) -
 
 async def test_a_message_lost_while_unsubscribed_is_caught_up(redis_server: RedisServer) -> None:
     a, b = Purgatory("a"), Purgatory("b")
-    async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b) as fb:
+    async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b):
         waiting = asyncio.create_task(fa.wait_for_value(a, "job:gap", 1, 30))
         await until(lambda: a.num_delayed == 1)
         admin = aioredis.from_url(redis_server.url)

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 
 import pytest
+
+#: Upper bound on any single wait in these tests: a hang guard, never a timing claim.
+HANG_GUARD = 20.0
+
+
+async def until(condition: Callable[[], bool], what: str = "condition") -> None:
+    """Wait for ``condition`` to hold, failing after :data:`HANG_GUARD` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HANG_GUARD
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
 
 
 def free_port() -> int:
