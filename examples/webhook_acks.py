@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import Fanout, MemoryFanout
@@ -38,6 +38,8 @@ from purgatory_aio.integrations.fastapi import (
 
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
 TimeoutMs = Annotated[int, Query(ge=0, le=300_000)]
+# Module level: with postponed annotations FastAPI resolves these names from the module.
+PurgatoryDep = Annotated[Purgatory, Depends(purgatory_dependency())]
 
 
 def make_fanout(url: str | None = None) -> Fanout:
@@ -58,7 +60,6 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
         title="webhook acknowledgements",
         lifespan=PurgatoryLifespan(purgatory, fanout=fan),
     )
-    PurgatoryDep = Annotated[Purgatory, purgatory_dependency()]
     pid = os.getpid()
 
     async def wait(request: Request, p: Purgatory, key: str, mark: float, ms: int) -> float | None:
@@ -100,8 +101,8 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
         return {"worker": pid}
 
     @app.get("/fanout/stats")
-    async def fanout_stats() -> dict[str, Any]:
-        return {"worker": pid, **fan.stats().as_dict()}
+    async def fanout_stats(p: PurgatoryDep) -> dict[str, Any]:
+        return {"worker": pid, "pending": p.num_delayed, **fan.stats().as_dict()}
 
     return app
 
