@@ -29,7 +29,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any, SupportsFloat
+from typing import Any, Self, SupportsFloat
 
 import structlog
 
@@ -260,7 +260,7 @@ class Fanout(ABC):
     async def stop(self) -> None:
         """Flush what can be flushed quickly, unsubscribe and disconnect. Idempotent."""
 
-    async def __aenter__(self) -> Fanout:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

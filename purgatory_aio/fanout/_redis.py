@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import time
 from collections import deque
@@ -37,7 +38,7 @@ import structlog
 
 try:
     import redis.asyncio as aioredis
-    from redis.exceptions import AuthenticationError, ResponseError
+    from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as exc:  # pragma: no cover - exercised without the extra
@@ -67,6 +68,8 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('PUBLISH', KEYS[2], ARGV[2])
 return 1
 """
+
+_ADVANCE_SHA = hashlib.sha1(_ADVANCE_LUA.encode()).hexdigest()
 
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
 
@@ -194,7 +197,6 @@ class RedisFanout(Fanout):
                 f"cannot reach Redis at {redacted(self.url)}: {exc or type(exc).__name__}"
             ) from None
         self._client, self._sub_client, self._pubsub = client, sub_client, pubsub
-        self._script = client.register_script(_ADVANCE_LUA)
         self._started = True
         self._stats.connected = True
         loop = asyncio.get_running_loop()
@@ -289,25 +291,22 @@ class RedisFanout(Fanout):
     async def _send_batch(self, batch: list[tuple[str, str, float]]) -> None:
         assert self._client is not None
         pipe = self._client.pipeline(transaction=False)
-        channel, origin, value_prefix, ttl = (
-            self.channel,
-            self.origin,
-            self._value_prefix,
-            self._ttl,
-        )
+        channel, origin, prefix, ttl = self.channel, self.origin, self._value_prefix, self._ttl
         for kind, key, value in batch:
             message = encode(kind, key, value, origin)
             if kind == ADVANCE:
-                # The call only queues EVALSHA on the pipeline (and registers the script).
-                await self._script(
-                    keys=[value_prefix + key, channel],
-                    args=[repr(value), message, ttl],
-                    client=pipe,
-                )
+                pipe.evalsha(_ADVANCE_SHA, 2, prefix + key, channel, repr(value), message, ttl)
             else:
                 pipe.publish(channel, message)
-        # The pipeline loads the script again if a restarted Redis forgot it.
-        await pipe.execute()
+        # EVALSHA by its digest rather than redis-py's registered Script, whose pipelines ask
+        # SCRIPT EXISTS on every execute (a second round trip per batch). A Redis that does
+        # not know the script (first use, or restarted) fails the batch with NOSCRIPT: load
+        # it and send the batch again; a check or cancel sent twice is harmless.
+        try:
+            await pipe.execute()
+        except NoScriptError:
+            await self._client.script_load(_ADVANCE_LUA)
+            await self._send_batch(batch)
 
     # -- subscribing -----------------------------------------------------------------------------
 
