@@ -6,8 +6,8 @@ and uvloop, in one run:
 * **latency**: one operation parked, completed by an event; the time from the
   event being raised to the waiting task resuming. In-process
   (``advance_key`` on the same purgatory) vs through Redis with
-  :class:`~purgatory_aio.fanout.RedisFanout` (the publisher and the subscriber
-  on their own connections, as two processes would be) vs encode's
+  :class:`~purgatory_aio.fanout.RedisFanout` (a publish-only instance and a
+  subscribing one, on their own connections, as two processes would be) vs encode's
   ``broadcaster`` Redis backend doing the same fan-out (its subscriber calls
   ``advance_key``). p50/p99, sequential events.
 * **throughput**: N operations parked on N keys, N events published by this
@@ -186,7 +186,7 @@ async def _subscription_cost(url: str, n: int) -> tuple[float, float]:
 
 async def _measure(url: str, samples: int, events: int) -> Record:
     a, b = Purgatory("bench-a"), Purgatory("bench-b")
-    async with a, b, RedisFanout(url, a) as fa, RedisFanout(url, b) as fb:
+    async with a, b, RedisFanout(url, a) as fa, RedisFanout(url, b, subscribe=False) as fb:
 
         def local(key: str) -> None:
             fa._values[key] = 1.0

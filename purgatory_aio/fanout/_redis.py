@@ -111,6 +111,8 @@ class RedisFanout(Fanout):
         value_ttl: seconds a stored value outlives its last raise.
         resync_interval: seconds between safety-net resyncs.
         connect_timeout: seconds to wait for a connection (and for a command).
+        subscribe: False for a process that only publishes (a webhook receiver that
+            never waits): no subscription connection, nothing applied from others.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class RedisFanout(Fanout):
         value_ttl: float = 86400.0,
         resync_interval: float = 30.0,
         connect_timeout: float = 2.0,
+        subscribe: bool = True,
     ) -> None:
         super().__init__(*purgatories)
         self.url = resolve_url(url)
@@ -159,6 +162,7 @@ class RedisFanout(Fanout):
         self._subscribed_once = False
         self._down_since: float | None = None
         self._started = False
+        self._subscribe = bool(subscribe)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -179,12 +183,15 @@ class RedisFanout(Fanout):
         if self._started:
             return
         client = self._new_client(socket_timeout=self._timeout, max_connections=8)
-        sub_client = self._new_client(health_check_interval=max(1.0, self._resync_interval / 3))
-        pubsub = sub_client.pubsub()
+        sub_client = pubsub = None
+        if self._subscribe:
+            sub_client = self._new_client(health_check_interval=max(1.0, self._resync_interval / 3))
+            pubsub = sub_client.pubsub()
         try:
             async with asyncio.timeout(self._timeout * 2):
                 await client.ping()
-                await pubsub.subscribe(self.channel)
+                if pubsub is not None:
+                    await pubsub.subscribe(self.channel)
         except (AuthenticationError, ResponseError) as exc:
             await _close(pubsub, client, sub_client)
             raise FanoutUnavailable(
@@ -200,10 +207,11 @@ class RedisFanout(Fanout):
         self._started = True
         self._stats.connected = True
         loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._subscriber(pubsub), name="purgatory_aio.fanout.subscriber"),
-            loop.create_task(self._publisher(), name="purgatory_aio.fanout.publisher"),
-        ]
+        self._tasks = [loop.create_task(self._publisher(), name="purgatory_aio.fanout.publisher")]
+        if pubsub is not None:
+            self._tasks.append(
+                loop.create_task(self._subscriber(pubsub), name="purgatory_aio.fanout.subscriber")
+            )
         _log.info("fanout_started", url=redacted(self.url), channel=self.channel)
 
     async def stop(self, *, flush_timeout: float = 1.0) -> None:
