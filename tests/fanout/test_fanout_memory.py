@@ -118,3 +118,19 @@ async def test_bad_input_is_refused_and_nothing_is_published(call: object, error
         with pytest.raises(error):
             call(fanout)  # type: ignore[operator]
         assert fanout.stats().published == 0 and hub.values == {}
+
+
+def test_the_seam_needs_no_redis_and_the_redis_backend_names_its_extra() -> None:
+    import subprocess
+    import sys
+
+    # sys.modules[name] = None makes every import of it fail, as if redis-py were absent.
+    script = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import purgatory_aio.fanout as f\n"
+        "try:\n    f.RedisFanout\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'purgatory-aio[redis]'" in result.stdout
