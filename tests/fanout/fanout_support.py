@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-#: Upper bound on any single wait in these tests: a hang guard, never a timing claim.
-HANG_GUARD = 20.0
+# The integrations' hang guard and polling helper, shared rather than copied.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integrations"))
+from http_support import HANG_GUARD
+from http_support import wait_until as until
 
-
-async def until(condition: Callable[[], bool], what: str = "condition") -> None:
-    """Wait for ``condition`` to hold, failing after :data:`HANG_GUARD` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + HANG_GUARD
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+__all__ = ["HANG_GUARD", "RedisServer", "free_port", "until", "wait_for_port"]
 
 
 def free_port() -> int:

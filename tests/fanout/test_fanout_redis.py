@@ -12,13 +12,20 @@ from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, RedisFanout, ValueReached
 
 
+async def parked(fa: RedisFanout, a: Purgatory, key: str) -> asyncio.Task[float | None]:
+    """A wait in ``a`` for ``key`` to reach 1, returned once its operation is pending."""
+    before = a.num_delayed
+    task = asyncio.create_task(fa.wait_for_value(a, key, 1, 30))
+    await until(lambda: a.num_delayed == before + 1)
+    return task
+
+
 async def test_advance_in_one_process_completes_a_wait_in_another(
     redis_server: RedisServer,
 ) -> None:
     a, b = Purgatory("a"), Purgatory("b")
     async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b) as fb:
-        waiting = asyncio.create_task(fa.wait_for_value(a, "job:1", 1, 30))
-        await until(lambda: a.num_delayed == 1)
+        waiting = await parked(fa, a, "job:1")
         fb.advance("job:1", 1)
         async with asyncio.timeout(5):  # far below the 30 s deadline
             assert await waiting == 1.0
@@ -58,8 +65,7 @@ async def test_advances_out_of_order_and_duplicated(redis_server: RedisServer) -
 async def test_a_message_lost_while_unsubscribed_is_caught_up(redis_server: RedisServer) -> None:
     a, b = Purgatory("a"), Purgatory("b")
     async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b):
-        waiting = asyncio.create_task(fa.wait_for_value(a, "job:gap", 1, 30))
-        await until(lambda: a.num_delayed == 1)
+        waiting = await parked(fa, a, "job:gap")
         admin = aioredis.from_url(redis_server.url)
         try:
             await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
@@ -96,8 +102,7 @@ async def test_an_ack_sent_while_redis_is_down_is_delivered_after_it_comes_back(
 ) -> None:
     a, b = Purgatory("a"), Purgatory("b")
     async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b) as fb:
-        waiting = asyncio.create_task(fa.wait_for_value(a, "job:7", 1, 30))
-        await until(lambda: a.num_delayed == 1)
+        waiting = await parked(fa, a, "job:7")
         redis_server.kill()
         fb.advance("job:7", 1)
         await until(lambda: fb.stats().publish_failures >= 1)
@@ -108,8 +113,7 @@ async def test_an_ack_sent_while_redis_is_down_is_delivered_after_it_comes_back(
         stats = fa.stats()
         assert stats.outages >= 1 and stats.recoveries >= 1 and stats.resubscribes >= 1
         # and the restarted Redis keeps working for new waits
-        again = asyncio.create_task(fa.wait_for_value(a, "job:8", 1, 30))
-        await until(lambda: a.num_delayed == 1)
+        again = await parked(fa, a, "job:8")
         fb.advance("job:8", 1)
         async with asyncio.timeout(5):
             assert await again == 1.0
@@ -125,8 +129,7 @@ async def test_a_malformed_message_is_logged_and_skipped(redis_server: RedisServ
         finally:
             await admin.aclose()
         await until(lambda: fa.stats().malformed == 4)
-        waiting = asyncio.create_task(fa.wait_for_value(a, "after", 1, 30))
-        await until(lambda: a.num_delayed == 1)
+        waiting = await parked(fa, a, "after")
         fb.advance("after", 1)
         async with asyncio.timeout(5):
             assert await waiting == 1.0
