@@ -246,6 +246,7 @@ class Fanout(ABC):
         return list(self._watching)
 
     def stats(self) -> FanoutStats:
+        self._sweep()
         stats = self._stats
         stats.watched_keys = len(self._watching)
         return FanoutStats(**stats.as_dict())  # type: ignore[arg-type]
