@@ -163,3 +163,24 @@ def test_url_comes_from_the_argument_or_the_environment(monkeypatch: pytest.Monk
     assert RedisFanout().url == "redis://127.0.0.1:1/3"
     with pytest.raises(ValueError, match="queue_size"):
         RedisFanout("redis://x", queue_size=0)
+
+
+async def test_a_slow_periodic_resync_runs_as_the_safety_net(redis_server: RedisServer) -> None:
+    a = Purgatory("a")
+    async with a, RedisFanout(redis_server.url, a, resync_interval=0.05) as fa:
+        await until(lambda: fa.stats().resyncs >= 3)
+
+
+async def test_a_full_publish_queue_drops_and_counts_instead_of_blocking(
+    redis_server: RedisServer,
+) -> None:
+    async with RedisFanout(redis_server.url, queue_size=2, subscribe=False) as fanout:
+        redis_server.kill()
+        fanout.advance("warm", 1)  # the publisher takes it and fails on the dead connection
+        await until(lambda: fanout.stats().publish_failures >= 1)
+        for i in range(5):
+            fanout.check(f"k{i}")
+        stats = fanout.stats()
+        assert stats.publish_dropped == 3 and stats.queued == 2
+        async with asyncio.timeout(5):
+            await fanout.stop()
