@@ -20,6 +20,8 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# The fan-out tests start a real redis-server (Debian's package) on a free port.
+	command -v redis-server >/dev/null || { apt-get update && apt-get install -y redis-server; }
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,6 +5,7 @@ python -m bench w1 --n 1000000 --rate 0
 python -m bench report            # SUMMARY.md and charts from existing records
 python -m bench http ...          # bench.http, handler/HTTP benchmarks
 python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmarks
+python -m bench fanout [--quick]  # bench.fanout, cross-process completion through Redis
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._common import RESULTS_DIR, Progress, Record, mark_quick, quiet_logs, reso
 DELEGATED = {
     "http": ("bench.http", "HTTP and request-handler benchmarks (naive-handler vs purgatory)"),
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
+    "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
 }
 SUITE = ("w1", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 

@@ -42,12 +42,14 @@ from .._errors import PurgatoryClosed
 from .._logging import get_logger
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
+from ..fanout import Fanout
 from . import OnDisconnect, Purgatories, already_disconnected, make_request_id, never_disconnected
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
 __all__ = [
+    "FANOUT",
     "PURGATORIES",
     "ClientDisconnected",
     "OperationCancelled",
@@ -107,7 +109,13 @@ def purgatory_key(name: str) -> web.AppKey[Purgatory]:
     return web.AppKey(f"purgatory_aio.purgatory.{name}", Purgatory)
 
 
-def setup_purgatories(app: web.Application, *purgatories: Purgatory) -> Purgatories:
+#: The application's :class:`~purgatory_aio.fanout.Fanout`, when it has one.
+FANOUT: Final = web.AppKey("purgatory_aio.fanout", Fanout)
+
+
+def setup_purgatories(
+    app: web.Application, *purgatories: Purgatory, fanout: Fanout | None = None
+) -> Purgatories:
     """Run ``purgatories`` with ``app``: started on startup, shut down on shutdown.
 
     Each is stored under :func:`purgatory_key` of its name, all of them under
@@ -117,6 +125,11 @@ def setup_purgatories(app: web.Application, *purgatories: Purgatory) -> Purgator
     instead of holding the shutdown until its deadline. A ``cleanup_ctx`` entry
     starts them and makes sure they are shut down even if startup fails later.
     Call it again to add purgatories before the application starts.
+
+    With ``fanout``, events published by other processes apply to these
+    purgatories: the fan-out is started after them (a ``cleanup_ctx`` entry, so a
+    Redis that cannot be reached fails the startup) and stopped before they are
+    shut down, and it is stored under :data:`FANOUT`.
     """
     registry = app.get(PURGATORIES)
     if registry is None:
@@ -126,7 +139,23 @@ def setup_purgatories(app: web.Application, *purgatories: Purgatory) -> Purgator
     for purgatory in purgatories:
         registry.add(purgatory)
         app[purgatory_key(purgatory.name)] = purgatory
+    if fanout is not None:
+        if FANOUT in app and app[FANOUT] is not fanout:
+            raise ValueError("this application already has another fanout")
+        if FANOUT not in app:
+            app[FANOUT] = fanout
+            app.cleanup_ctx.append(_run_fanout)
     return registry
+
+
+async def _run_fanout(app: web.Application) -> AsyncIterator[None]:
+    fanout = app[FANOUT]
+    fanout.attach(*app[PURGATORIES])
+    await fanout.start()
+    try:
+        yield
+    finally:
+        await fanout.stop()
 
 
 async def _run_purgatories(app: web.Application) -> AsyncIterator[None]:

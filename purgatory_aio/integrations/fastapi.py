@@ -50,6 +50,7 @@ from .._errors import PurgatoryClosed
 from .._logging import get_logger
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
+from ..fanout import Fanout
 from . import OnDisconnect, Purgatories, make_request_id
 
 if TYPE_CHECKING:
@@ -109,7 +110,10 @@ class PurgatoryLifespan:
     Pass it as ``FastAPI(lifespan=PurgatoryLifespan(p1, p2, lifespan=yours))``:
     the purgatories start before your lifespan and are shut down after it, every
     pending operation expired so each waiting client gets its answer. Your
-    lifespan's state, if any, is passed through.
+    lifespan's state, if any, is passed through. With ``fanout=`` (a
+    :class:`~purgatory_aio.fanout.Fanout`), events published by other worker
+    processes apply to these purgatories; it starts after them, stops before
+    them, and is published as ``app.state.fanout``.
 
     The purgatories are published as ``app.state.purgatories`` (a
     :class:`~purgatory_aio.integrations.Purgatories`) for the dependencies.
@@ -130,10 +134,12 @@ class PurgatoryLifespan:
         *purgatories: Purgatory,
         lifespan: Callable[[Any], AbstractAsyncContextManager[Any]] | None = None,
         settle_on_signal: bool = True,
+        fanout: Fanout | None = None,
     ) -> None:
         self.purgatories = Purgatories(purgatories)
         self._lifespan = lifespan
         self._settle_on_signal = settle_on_signal
+        self.fanout = fanout
 
     def __call__(self, app: Starlette) -> AbstractAsyncContextManager[Any]:
         return self._run(app)
@@ -142,12 +148,24 @@ class PurgatoryLifespan:
     async def _run(self, app: Starlette) -> AsyncIterator[Any]:
         app.state.purgatories = self.purgatories
         settle = _SettleOnSignal(self.purgatories, enabled=self._settle_on_signal)
-        async with self.purgatories, settle:
+        async with self.purgatories, self._fanout_running(app), settle:
             if self._lifespan is None:
                 yield None
             else:
                 async with self._lifespan(app) as state:
                     yield state
+
+    @asynccontextmanager
+    async def _fanout_running(self, app: Starlette) -> AsyncIterator[None]:
+        # Started after the purgatories and stopped before them; published as app.state.fanout.
+        fanout = self.fanout
+        if fanout is None:
+            yield
+            return
+        fanout.attach(*self.purgatories)
+        app.state.fanout = fanout
+        async with fanout:
+            yield
 
 
 #: The signals servers stop on: Ctrl-C, and what process managers (uvicorn's

@@ -1,0 +1,110 @@
+"""A webhook-acknowledgement service whose long polls are answered by any worker.
+
+A client starts a job elsewhere and long-polls ``GET /jobs/{id}/wait`` until
+the job's webhook arrives as ``POST /jobs/{id}/ack``. Under several worker
+processes the ack usually lands in another worker than the wait: the fan-out
+(Redis pub/sub, with the acks stored so nothing is lost across reconnections)
+completes the wait wherever it is parked.
+
+Run it against a local Redis::
+
+    redis-server --port 6379 --save '' --appendonly no &
+    PURGATORY_AIO_REDIS_URL=redis://127.0.0.1:6379/0 \\
+        uvicorn examples.webhook_acks:app --workers 4 --port 8000
+
+    curl 'localhost:8000/jobs/42/wait?timeout_ms=30000' &   # parks in some worker
+    curl -X POST localhost:8000/jobs/42/ack                 # any worker: the wait returns
+
+Progress counters work the same way, for waits on a monotonic value
+(``POST /counters/{name}/advance?to=N``, ``GET /counters/{name}/wait?at_least=N``):
+advances are merged by max, so duplicated or reordered ones are harmless.
+``GET /fanout/stats`` shows this worker's fan-out counters.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request
+
+from purgatory_aio import Purgatory
+from purgatory_aio.fanout import Fanout, MemoryFanout
+from purgatory_aio.integrations.fastapi import (
+    PurgatoryLifespan,
+    cancel_on_disconnect,
+    purgatory_dependency,
+)
+
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
+TimeoutMs = Annotated[int, Query(ge=0, le=300_000)]
+# Module level: with postponed annotations FastAPI resolves these names from the module.
+PurgatoryDep = Annotated[Purgatory, Depends(purgatory_dependency())]
+
+
+def make_fanout(url: str | None = None) -> Fanout:
+    """Redis at ``url`` (or ``$PURGATORY_AIO_REDIS_URL``); ``memory`` for one process alone."""
+    chosen = url or os.environ.get("PURGATORY_AIO_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    if chosen == "memory":
+        return MemoryFanout()
+    from purgatory_aio.fanout import RedisFanout
+
+    return RedisFanout(chosen)
+
+
+def make_app(fanout: Fanout | None = None) -> FastAPI:
+    """The service; every worker process builds its own purgatory and fan-out."""
+    purgatory = Purgatory("webhook-acks")
+    fan = make_fanout() if fanout is None else fanout
+    app = FastAPI(
+        title="webhook acknowledgements",
+        lifespan=PurgatoryLifespan(purgatory, fanout=fan),
+    )
+    pid = os.getpid()
+
+    async def wait(request: Request, p: Purgatory, key: str, mark: float, ms: int) -> float | None:
+        async with cancel_on_disconnect(request):
+            return await fan.wait_for_value(p, key, mark, ms / 1000)
+
+    @app.get("/jobs/{job_id}/wait")
+    async def wait_for_ack(
+        request: Request, job_id: JobId, p: PurgatoryDep, timeout_ms: TimeoutMs = 30_000
+    ) -> dict[str, Any]:
+        acked = await wait(request, p, f"job:{job_id}", 1, timeout_ms) is not None
+        return {"job": job_id, "acked": acked, "worker": pid}
+
+    @app.post("/jobs/{job_id}/ack", status_code=202)
+    async def ack(job_id: JobId) -> dict[str, Any]:
+        fan.advance(f"job:{job_id}", 1)
+        return {"job": job_id, "worker": pid}
+
+    @app.get("/counters/{name}/wait")
+    async def wait_for_counter(
+        request: Request,
+        name: JobId,
+        p: PurgatoryDep,
+        at_least: Annotated[float, Query(allow_inf_nan=False)],
+        timeout_ms: TimeoutMs = 30_000,
+    ) -> dict[str, Any]:
+        value = await wait(request, p, f"counter:{name}", at_least, timeout_ms)
+        return {"counter": name, "value": value, "reached": value is not None, "worker": pid}
+
+    @app.post("/counters/{name}/advance", status_code=202)
+    async def advance(
+        name: JobId, to: Annotated[float, Query(allow_inf_nan=False)]
+    ) -> dict[str, Any]:
+        fan.advance(f"counter:{name}", to)
+        return {"counter": name, "worker": pid}
+
+    @app.get("/whoami")
+    async def whoami() -> dict[str, Any]:
+        return {"worker": pid}
+
+    @app.get("/fanout/stats")
+    async def fanout_stats(p: PurgatoryDep) -> dict[str, Any]:
+        return {"worker": pid, "pending": p.num_delayed, **fan.stats().as_dict()}
+
+    return app
+
+
+app = make_app()

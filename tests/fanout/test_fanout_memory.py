@@ -1,0 +1,136 @@
+"""The fan-out seam with the in-memory backend: what every backend must do."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from purgatory_aio import DelayedOperation, Purgatory
+from purgatory_aio.fanout import MemoryFanout, MemoryHub, ValueReached
+from purgatory_aio.fanout._base import decode, encode
+
+
+class Flag(DelayedOperation[bool]):
+    """Completes once its flag is set (the application's own truth)."""
+
+    def __init__(self, flags: set[str], key: str, timeout: float) -> None:
+        super().__init__(timeout)
+        self.flags, self.key = flags, key
+
+    def try_complete(self) -> bool:
+        return self.key in self.flags and self.force_complete()
+
+    def on_complete(self) -> bool:
+        return self.key in self.flags
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_check_published_in_one_member_completes_operations_in_another() -> None:
+    hub, flags = MemoryHub(), set[str]()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, a) as fa, MemoryFanout(hub, b) as fb:
+        op = Flag(flags, "k", 5)
+        assert not await fa.watch(a, op, ["k"])
+        flags.add("k")
+        fb.check("k")
+        await settle()
+        assert op.done() and op.result() is True
+
+
+async def test_advances_out_of_order_and_duplicated_complete_each_threshold_once() -> None:
+    hub = MemoryHub()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, a) as fa, MemoryFanout(hub, b) as fb:
+        ops = [ValueReached(fa, "hw", mark, 5) for mark in range(1, 11)]
+        for op in ops:
+            await fa.watch_threshold(a, op, "hw", op.threshold)
+        for value in (3, 1, 3, 2, 7, 5, 7, 7, 4):
+            fb.advance("hw", value)
+        await settle()
+        assert [op.done() for op in ops] == [True] * 7 + [False] * 3
+        assert all(op.threshold <= op.result() <= 7.0 for op in ops[:7])  # type: ignore[operator]
+        assert fa.value("hw") == 7.0
+        fb.advance("hw", 10)
+        await settle()
+        assert all(op.done() for op in ops)
+
+
+async def test_cancel_withdraws_operations_in_every_member() -> None:
+    hub = MemoryHub()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, a) as fa, MemoryFanout(hub, b):
+        op = ValueReached(fa, "j", 1, 5)
+        await fa.watch_threshold(a, op, "j", 1)
+        hub.members[1].cancel("j")
+        await settle()
+        assert op.cancelled
+
+
+async def test_a_member_started_late_catches_up_from_the_store() -> None:
+    hub = MemoryHub()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, b) as fb:
+        fb.advance("job:1", 1)
+        async with MemoryFanout(hub, a) as fa:
+            assert await fa.wait_for_value(a, "job:1", 1, 5) == 1.0
+
+
+async def test_wait_for_value_expires_at_its_deadline_with_none() -> None:
+    async with Purgatory("a") as a, MemoryFanout(None, a) as fa:
+        assert await fa.wait_for_value(a, "never", 1, 0.02) is None
+
+
+async def test_malformed_message_is_counted_and_skipped() -> None:
+    hub = MemoryHub()
+    async with Purgatory("a") as a, MemoryFanout(hub, a) as fa:
+        for junk in ("", "zz", "a|o|NaN|k", "a|o|abc|k", "c|o||", b"\xff\xfe"):
+            fa._receive(junk)
+        assert fa.stats().malformed == 6
+        op = ValueReached(fa, "k", 1, 5)
+        await fa.watch_threshold(a, op, "k", 1)
+        fa._receive(encode("a", "k", 1.0, "elsewhere"))
+        assert op.done()
+
+
+def test_messages_round_trip_keys_with_separators() -> None:
+    assert decode(encode("a", "a|b|c", 2.5, "o")) == ("a", "o", 2.5, "a|b|c")
+    assert decode(encode("c", "k", 0, "o")) == ("c", "o", 0.0, "k")
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda f: f.check(""), TypeError),
+        (lambda f: f.check(3), TypeError),
+        (lambda f: f.advance("k", float("nan")), ValueError),
+        (lambda f: f.advance("k", "1"), TypeError),
+        (lambda f: f.advance("k", True), TypeError),
+    ],
+)
+async def test_bad_input_is_refused_and_nothing_is_published(call: object, error: type) -> None:
+    hub = MemoryHub()
+    async with MemoryFanout(hub) as fanout:
+        with pytest.raises(error):
+            call(fanout)  # type: ignore[operator]
+        assert fanout.stats().published == 0 and hub.values == {}
+
+
+def test_the_seam_needs_no_redis_and_the_redis_backend_names_its_extra() -> None:
+    import subprocess
+    import sys
+
+    # sys.modules[name] = None makes every import of it fail, as if redis-py were absent.
+    script = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import purgatory_aio.fanout as f\n"
+        "try:\n    f.RedisFanout\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "pip install 'purgatory-aio[redis]'" in result.stdout
