@@ -486,7 +486,9 @@ def check_results(raw: DataFrame, rows: list[dict[str, Any]], events_dir: str) -
     def example(name: str) -> Any:
         # Only on the error path: a string min() in the main pass would turn its
         # hash aggregation into a sort of every event.
-        found = raw.where(_problems()[name]).select(_FILE, "outcome").limit(1).collect()
+        # Every column is selected: JSON parsing skips unselected fields, and a line
+        # whose only fault is a field's type would then not be corrupt at all.
+        found = raw.where(_problems()[name]).select(_FILE, *COLUMNS).limit(1).collect()
         return found[0] if found else {_FILE: "?", "outcome": "?"}
 
     count = total("rows")
@@ -496,7 +498,7 @@ def check_results(raw: DataFrame, rows: list[dict[str, Any]], events_dir: str) -
         where = _display(example("corrupt")[_FILE])
         raise ReportError(
             f"corrupt event file: {corrupt} line(s) are not valid event records, "
-            f"e.g. {describe_json_problem(where) if is_local(where) else 'in ' + where}"
+            f"e.g. {describe_json_problem(where) if where != '?' and is_local(where) else 'in ' + where}"
         )
     incomplete = [name for name in REQUIRED if total(f"null_{name}")]
     if incomplete:
