@@ -496,9 +496,10 @@ def check_results(raw: DataFrame, rows: list[dict[str, Any]], events_dir: str) -
         raise ReportError(f"the event files under {events_dir} hold no events")
     if corrupt := total("corrupt"):
         where = _display(example("corrupt")[_FILE])
+        located = describe_json_problem(where) if where != "?" and is_local(where) else None
         raise ReportError(
             f"corrupt event file: {corrupt} line(s) are not valid event records, "
-            f"e.g. {describe_json_problem(where) if where != '?' and is_local(where) else 'in ' + where}"
+            f"e.g. {located or 'in ' + where}"
         )
     incomplete = [name for name in REQUIRED if total(f"null_{name}")]
     if incomplete:

@@ -253,7 +253,8 @@ What share of operations would have expired with a shorter timeout? Each candida
 fraction of the timeout an operation was given (`deadline - created_at`), and is shown in
 milliseconds at the group's mean timeout; the chart draws each group against its own
 timeout. A completed operation slower than the candidate would have expired; an expired
-one would have expired anyway. Shares are over completed and expired operations (cancelled and shutdown ones are left out). Counts are exact.
+one would have expired anyway. Shares are over completed and expired operations (cancelled and
+shutdown ones are left out). Counts are exact.
 
 {NOT_JUDGEABLE}
 
