@@ -122,6 +122,7 @@ def generate(directory: Path, events: int, *, seed: int, rate: float) -> Generat
                 pa.array(settled),
                 outcomes.take(pa.array(code)),
                 pa.nulls(n, pa.string()),
+                pa.array([f"bench-{seed}"] * n, pa.string()),
             ],
             schema=schema,
         )
