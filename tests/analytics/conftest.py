@@ -47,7 +47,7 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
     Yields the master URL. Both JVMs run on free ports and are stopped by PID.
     """
-    from cluster import StandaloneCluster
+    from bench._cluster import StandaloneCluster
 
     work = tmp_path_factory.mktemp("spark-cluster")
     with StandaloneCluster(work) as cluster:

@@ -232,7 +232,7 @@ def test_a_standalone_cluster_gives_the_same_report(
     standalone_cluster: str, event_log: Path, out_dir: Path, tmp_path: Path
 ) -> None:
     """The known-answer log on a real master + worker, driven as a user would drive it."""
-    from cluster import cluster_env
+    from bench._cluster import cluster_env
 
     out = tmp_path / "cluster-report"
     command = [
