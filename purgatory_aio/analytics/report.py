@@ -368,6 +368,7 @@ def _curve_rows(stats: list[Row]) -> list[Row]:
         for row in stats
         if row["latency_curve"] is not None
         for quantile, value in zip(CURVE_QUANTILES, row["latency_curve"], strict=True)
+        if meaningful(quantile, int(row["completed"]))
     ]
 
 
