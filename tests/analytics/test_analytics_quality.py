@@ -158,3 +158,31 @@ def test_hot_key_top_n_equals_a_full_sort(spark: Any) -> None:
     found = [(r["rank"], r["key"]) for r in metrics.top_keys(frame, 25).orderBy("rank").collect()]
     expected = sorted(rows, key=lambda r: (-r[3], r[2]))[:25]
     assert found == [(rank, r[2]) for rank, r in enumerate(expected, 1)]
+
+
+@pytest.mark.spark
+def test_uris_go_through_hadoop_file_system(
+    spark: Any,
+    event_log: Path,
+    events: list[OperationEvent],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``file:`` URIs taken down the path of ``hdfs://``/``s3a://``: listed, read, the
+    small files copied up and the staging directory renamed, all by Hadoop's file system."""
+    from purgatory_aio.analytics import inputs, output
+
+    def only_plain_paths(location: str) -> bool:
+        return ":" not in location
+
+    monkeypatch.setattr(inputs, "is_local", only_plain_paths)
+    monkeypatch.setattr(output, "is_local", only_plain_paths)
+    target = tmp_path / "remote-report"
+    for _ in range(2):  # the second run replaces the first
+        assert main([event_log.as_uri(), "--out", target.as_uri()], spark=spark) == 0
+    rows = json.loads((target / "summary.json").read_text())
+    assert sum(row["count"] for row in rows) == len(events)
+    assert (target / "report.md").is_file()
+    assert (target / "charts" / "latency.png").is_file()
+    assert (target / "tables" / "hot_keys").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote-report"]
