@@ -102,6 +102,7 @@ class ReportOutput:
         jvm = spark.sparkContext._jvm
         assert jvm is not None
         hadoop_path = jvm.org.apache.hadoop.fs.Path
+        self._hadoop_path = hadoop_path
         self._target = hadoop_path(location)
         try:
             self._fs = self._target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -146,7 +147,7 @@ class ReportOutput:
             os.rename(self._staging, target)
             shutil.rmtree(old, ignore_errors=True)
             return
-        jvm_path = type(self._target)
+        jvm_path = self._hadoop_path
         fs = self._fs
         for entry in sorted(self.files.iterdir()):
             fs.copyFromLocalFile(
