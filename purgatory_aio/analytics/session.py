@@ -137,6 +137,8 @@ def create_session(
     if effective is not None:
         settings.update(local_defaults(effective))
     if not under_spark_submit():
+        # The command prints its own one-line result; a progress bar would interleave.
+        settings["spark.ui.showConsoleProgress"] = "false"
         # Read before any log line: setLogLevel below comes too late for start-up warnings.
         settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"
         if effective is not None and _is_local(effective):
@@ -163,9 +165,9 @@ def create_session(
             # spark-submit's own master skipped them above; runtime SQL settings still apply.
             if key.startswith("spark.sql.") and not given.contains(key):
                 spark.conf.set(key, value)
-        _silence_task_failure_logs(spark)
     else:
         check_worker_python(spark)
+    _silence_task_failure_logs(spark)
     return spark
 
 
@@ -211,7 +213,7 @@ def _python_version(_: object) -> str:
 
 
 def _silence_task_failure_logs(spark: SparkSession) -> None:
-    """In local mode a failed task fails the run, which reports it as one line itself.
+    """A failed task fails the run, which reports it as one line itself.
 
     Without this, the executor's stack trace (logged at ERROR) would bury that line.
     """
