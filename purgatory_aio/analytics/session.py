@@ -165,9 +165,9 @@ def create_session(
             # spark-submit's own master skipped them above; runtime SQL settings still apply.
             if key.startswith("spark.sql.") and not given.contains(key):
                 spark.conf.set(key, value)
-    else:
-        check_worker_python(spark)
     _silence_task_failure_logs(spark)
+    if not running_master.startswith("local"):
+        check_worker_python(spark)
     return spark
 
 
