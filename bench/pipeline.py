@@ -10,14 +10,20 @@ The log follows W1's model: each operation watches 3 keys drawn uniformly from
 100, completion latency is log-normal with median 20 ms and 75th percentile
 50 ms, and an operation slower than its timeout expires.
 
-Run with ``python -m bench pipeline`` or ``python -m bench.pipeline``.
+Run with ``python -m bench pipeline`` or ``python -m bench.pipeline``. With
+``--cluster`` it also starts a Spark standalone master and worker on 127.0.0.1
+(from pyspark's own jars) and runs ``purgatory-report`` on the same log there
+and on ``local[2]``, as separate processes: wall times of both, and whether
+their ``summary.json`` agree (counts exactly, floats to 1e-12).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,6 +128,7 @@ def generate(directory: Path, events: int, *, seed: int, rate: float) -> Generat
                 pa.array(settled),
                 outcomes.take(pa.array(code)),
                 pa.nulls(n, pa.string()),
+                pa.array([f"bench-{seed}"] * n, pa.string()),
             ],
             schema=schema,
         )
@@ -150,7 +157,67 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=None, help="keep the log and report here")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also compare local[2] with a standalone master + worker on 127.0.0.1",
+    )
     return parser
+
+
+def _report_process(log_dir: Path, out: Path, master: str, env: dict[str, str]) -> float:
+    command = [
+        sys.executable, "-m", "purgatory_aio.analytics.cli", str(log_dir), "--out", str(out),
+        "--master", master,
+        "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.driver.bindAddress=127.0.0.1",
+        "--conf", "spark.sql.shuffle.partitions=4",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"purgatory-report on {master} failed: {done.stderr.strip()[-500:]}")
+    return time.perf_counter() - started
+
+
+def _same_summary(first: Path, second: Path) -> bool:
+    mine = json.loads((first / "summary.json").read_text())
+    theirs = json.loads((second / "summary.json").read_text())
+    if [list(row) for row in mine] != [list(row) for row in theirs]:
+        return False
+    for a, b in zip(mine, theirs, strict=True):
+        for key, value in a.items():
+            other = b[key]
+            if isinstance(value, float) and isinstance(other, float):
+                if not math.isclose(value, other, rel_tol=1e-12):
+                    return False
+            elif value != other:
+                return False
+    return True
+
+
+def compare_on_cluster(log_dir: Path, workdir: Path) -> dict[str, Any]:
+    """Run the report on local[2] and on a fresh standalone cluster; wall times, agreement."""
+    from bench._cluster import StandaloneCluster, cluster_env
+
+    env = cluster_env()
+    local_s = _report_process(log_dir, workdir / "report-local", "local[2]", env)
+    started = time.perf_counter()
+    with StandaloneCluster(workdir / "cluster") as cluster:
+        cluster_start = time.perf_counter() - started
+        cluster_s = _report_process(log_dir, workdir / "report-cluster", cluster.url, env)
+    same = _same_summary(workdir / "report-local", workdir / "report-cluster")
+    print(
+        f"> local[2] process {local_s:.1f} s, standalone cluster process {cluster_s:.1f} s "
+        f"(cluster start {cluster_start:.1f} s); summaries identical: {same}",
+        flush=True,
+    )
+    return {
+        "local_process_s": local_s,
+        "cluster_process_s": cluster_s,
+        "cluster_start_s": cluster_start,
+        "cluster_identical": same,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             "expired": sum(row["expired"] for row in result.summary),
             "completed": sum(row["completed"] for row in result.summary),
         }
+        if args.cluster:
+            (workdir / "cluster").mkdir(exist_ok=True)
+            figures.update(compare_on_cluster(log_dir, workdir))
         params = {
             "events": events,
             "quick": args.quick,
@@ -221,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             "driver_memory": args.driver_memory,
             "rate": args.rate,
             "seed": args.seed,
+            "cluster": args.cluster,
             "keys": KEYS,
             "keys_per_op": KEYS_PER_OP,
             "rows_per_file": ROWS_PER_FILE,

@@ -30,6 +30,7 @@ COLUMNS: tuple[str, ...] = (
     "settled_at",
     "outcome",
     "error",
+    "producer",
 )
 
 
@@ -42,6 +43,11 @@ class OperationEvent(NamedTuple):
     ``deadline`` that instant plus its timeout. ``keys`` are the keys it was
     watched under, as strings; empty when it completed at its first try, before
     being watched.
+
+    ``producer`` names the event log writer (or process) that wrote the record:
+    the core leaves it ``None`` and each writer stamps its own instance id, so
+    ``(producer, purgatory, op_id)`` identifies an operation across processes,
+    restarts and copies of the same file.
     """
 
     purgatory: str
@@ -53,6 +59,7 @@ class OperationEvent(NamedTuple):
     settled_at: float
     outcome: Outcome
     error: str | None
+    producer: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         """The record as a plain dict keyed by :data:`COLUMNS`."""

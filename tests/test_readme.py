@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<why>.+?)\s*-->")
 #: Programs a README command may name that this project does not provide.
-OUTSIDE_PROGRAMS = frozenset({"curl", "pip"})
+OUTSIDE_PROGRAMS = frozenset({"curl", "pip", "redis-server", "java"})
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,15 @@
 Usage::
 
     purgatory-report EVENTS_DIR --out REPORT_DIR [--master URL] [--top-keys N]
-                     [--conf KEY=VALUE ...]
+                     [--since TIME] [--until TIME] [--strict] [--conf KEY=VALUE ...]
 
 It also runs under ``spark-submit``, which then chooses the master::
 
-    PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit \\
-        purgatory_aio/analytics/cli.py EVENTS_DIR --out REPORT_DIR
+    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/spark-submit \\
+        --master spark://HOST:7077 purgatory_aio/analytics/cli.py EVENTS_DIR --out REPORT_DIR
 
-Exit status: 0 on success, 1 on bad input or a failed Spark job (one line on
-stderr says why), 2 on bad usage.
+Exit status: 0 on success, 1 on bad input, a data quality problem under
+``--strict`` or a failed Spark job (one line on stderr says why), 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -62,6 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="hot keys listed per purgatory/op_type (default: 20)",
     )
     parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only operations settled at or after TIME (ISO date/time, UTC by default, "
+        "or epoch seconds); earlier date=/hour= partitions are not read",
+    )
+    parser.add_argument(
+        "--until",
+        metavar="TIME",
+        help="only operations settled before TIME (same forms and pruning as --since)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) on duplicates, implausible records or records the writers dropped",
+    )
+    parser.add_argument(
         "--conf",
         action="append",
         default=[],
@@ -99,7 +115,7 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     try:
         from pyspark.sql import SparkSession
 
-        from purgatory_aio.analytics import inputs, report, session
+        from purgatory_aio.analytics import inputs, output, report, session
     except ImportError as exc:
         message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
         return _fail(message)
@@ -107,12 +123,24 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     # A session already running in this process (a notebook, a test) is borrowed, not stopped.
     own_session = spark is None and SparkSession.getActiveSession() is None
     try:
-        # Bad input is reported before paying for a JVM start.
-        inputs.preflight(args.events_dir)
+        since = None if args.since is None else inputs.parse_time(args.since)
+        until = None if args.until is None else inputs.parse_time(args.until)
+        window = inputs.TimeRange(since, until)
+        # Bad input and an unusable output are reported before paying for a JVM start.
+        output.check_local_target(args.out)
+        inputs.preflight(args.events_dir, window)
         if spark is None:
             spark = session.create_session(args.master, conf)
         try:
-            result = report.run(args.events_dir, args.out, spark=spark, top_keys=args.top_keys)
+            result = report.run(
+                args.events_dir,
+                args.out,
+                spark=spark,
+                top_keys=args.top_keys,
+                since=since,
+                until=until,
+                strict=args.strict,
+            )
         finally:
             if own_session:
                 spark.stop()
@@ -127,6 +155,8 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
             raise
         return _fail(f"Spark job failed: {describe_spark_error(exc)}")
     print(f"{PROG}: {result.events:,} events, report in {result.markdown}")
+    for problem in result.quality.problems():
+        print(f"{PROG}: warning: {problem} (see the Data quality section)", file=sys.stderr)
     return 0
 
 

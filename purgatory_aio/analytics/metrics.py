@@ -38,6 +38,21 @@ CURVE_QUANTILES: tuple[float, ...] = tuple(
     )
 )
 
+#: A tail percentile is reported only when the rank error is at most this share of
+#: the tail beyond it: ``n / ACCURACY <= TAIL_SHARE * (1 - q) * n``.
+TAIL_SHARE = 0.1
+
+
+def meaningful(quantile: float, n: int) -> bool:
+    """Whether ``percentile_approx`` at :data:`ACCURACY` says something about ``quantile``.
+
+    Below :data:`ACCURACY` values the result is exact; above, the rank error
+    ``n / ACCURACY`` must stay within :data:`TAIL_SHARE` of the tail ``(1 - q) n``:
+    p99.9 qualifies at accuracy 10,000, p99.99 (whose error spans its whole tail) does not.
+    """
+    return n <= ACCURACY or TAIL_SHARE * (1.0 - quantile) + 1e-12 >= RANK_ERROR
+
+
 #: Expiration lateness percentiles.
 LATENESS_QUANTILES: dict[str, float] = {"p50": 0.5, "p99": 0.99}
 
@@ -68,7 +83,7 @@ def _outcome_counts() -> list[Column]:
     return [F.count(F.when(_is(outcome), 1)).alias(outcome) for outcome in OUTCOMES]
 
 
-def group_aggregates() -> list[Column]:
+def group_aggregates(valid: Column | None = None) -> list[Column]:
     """Every per-(purgatory, op_type) figure a single pass can give.
 
     Columns: ``count``, one count per outcome, ``latency_curve`` (latencies at
@@ -78,28 +93,35 @@ def group_aggregates() -> list[Column]:
     and ``would_expire``: per fraction ``f`` of :data:`WHATIF_FRACTIONS`, the
     operations that would have expired with timeout ``f * (deadline -
     created_at)`` (expired ones, and completed ones slower than that).
+
+    Args:
+        valid: Rows to count; the others are left out of every figure (so one
+            aggregation can also count what it leaves out).
     """
-    completed, expired = _is("completed"), _is("expired")
+    keep = F.lit(True) if valid is None else valid
+    completed, expired = keep & _is("completed"), keep & _is("expired")
     completion = F.when(completed, latency())
     late = F.when(expired, lateness())
+    settled = F.when(keep, F.col("settled_at"))
+    given = F.when(keep, timeout())
     would_expire = [
         F.count(F.when(expired | (completed & (F.lit(f) * timeout() < latency())), 1))
         for f in WHATIF_FRACTIONS
     ]
     return [
-        F.count(F.lit(1)).alias("count"),
-        *_outcome_counts(),
+        F.count(F.when(keep, 1)).alias("count"),
+        *(F.count(F.when(keep & _is(outcome), 1)).alias(outcome) for outcome in OUTCOMES),
         F.percentile_approx(completion, list(CURVE_QUANTILES), ACCURACY).alias("latency_curve"),
         F.mean(completion).alias("latency_mean"),
         F.min(completion).alias("latency_min"),
         F.max(completion).alias("latency_max"),
         F.percentile_approx(late, list(LATENESS_QUANTILES.values()), ACCURACY).alias("lateness_q"),
         F.max(late).alias("lateness_max"),
-        F.min("settled_at").alias("first_settled_at"),
-        F.max("settled_at").alias("last_settled_at"),
-        F.min(timeout()).alias("timeout_min"),
-        F.mean(timeout()).alias("timeout_mean"),
-        F.max(timeout()).alias("timeout_max"),
+        F.min(settled).alias("first_settled_at"),
+        F.max(settled).alias("last_settled_at"),
+        F.min(given).alias("timeout_min"),
+        F.mean(given).alias("timeout_mean"),
+        F.max(given).alias("timeout_max"),
         F.array(*would_expire).alias("would_expire"),
     ]
 
@@ -121,20 +143,43 @@ def per_second(events: DataFrame) -> DataFrame:
 
 
 def key_stats(events: DataFrame) -> DataFrame:
-    """Operations watched per key, per (purgatory, op_type), ranked by that number.
+    """Operations watched per key, per (purgatory, op_type).
 
     An operation watching a key twice counts once. Columns: ``purgatory``,
-    ``op_type``, ``key``, ``watched``, one count per outcome, ``expiry_ratio``
-    (expired / watched) and ``rank`` (1 = most watched; ties by key).
+    ``op_type``, ``key``, ``watched``, one count per outcome and
+    ``expiry_ratio`` (expired / watched). Not ranked: see :func:`top_keys`.
     """
-    by_key = (
+    return (
         events.select(*GROUP, "outcome", F.explode(F.array_distinct("keys")).alias("key"))
         .groupBy(*GROUP, "key")
         .agg(F.count(F.lit(1)).alias("watched"), *_outcome_counts())
         .withColumn("expiry_ratio", F.col("expired") / F.col("watched"))
     )
-    order = Window.partitionBy(*GROUP).orderBy(F.col("watched").desc(), F.col("key"))
-    return by_key.withColumn("rank", F.row_number().over(order))
+
+
+#: Hash buckets per group for the first round of :func:`top_keys`.
+TOP_KEY_BUCKETS = 64
+
+
+def top_keys(by_key: DataFrame, n: int) -> DataFrame:
+    """The ``n`` most watched keys per group from :func:`key_stats`, with ``rank``.
+
+    Two rounds, so no task ever sorts all the keys of a group: first the top
+    ``n`` of each of :data:`TOP_KEY_BUCKETS` hash buckets of a group's keys,
+    then the top ``n`` of those at most ``n * TOP_KEY_BUCKETS`` candidates.
+    Rank 1 is the most watched; ties go to the smaller key.
+    """
+    bucket = F.pmod(F.xxhash64("key"), F.lit(TOP_KEY_BUCKETS)).alias("_bucket")
+    order = (F.col("watched").desc(), F.col("key"))
+    first = Window.partitionBy(*GROUP, "_bucket").orderBy(*order)
+    candidates = (
+        by_key.select("*", bucket)
+        .withColumn("_rank", F.row_number().over(first))
+        .where(F.col("_rank") <= n)
+        .drop("_rank", "_bucket")
+    )
+    final = Window.partitionBy(*GROUP).orderBy(*order)
+    return candidates.withColumn("rank", F.row_number().over(final)).where(F.col("rank") <= n)
 
 
 def timeline(per_second_table: DataFrame, start: int, bin_seconds: int) -> DataFrame:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from purgatory_aio.events import OUTCOMES
 
@@ -23,13 +22,16 @@ SUMMARY_KEYS = (
 
 Row = dict[str, Any]
 
+if TYPE_CHECKING:
+    from purgatory_aio.analytics.quality import Quality
+
 
 @dataclass
 class Report:
-    """What a run produced; paths are inside :attr:`out_dir`."""
+    """What a run produced; locations are inside :attr:`out_dir` (a path or URI)."""
 
     events_dir: str
-    out_dir: Path
+    out_dir: str
     events: int
     generated_at: datetime
     summary: list[Row]
@@ -39,10 +41,16 @@ class Report:
     top_keys: int
     timeline_start: int
     timeline_bin_seconds: int
-    tables: dict[str, Path] = field(default_factory=dict)
-    charts: dict[str, Path] = field(default_factory=dict)
-    summary_json: Path | None = None
-    markdown: Path | None = None
+    quality: Quality
+    #: Curve quantiles left out for some group: their rank error spans too much of the tail.
+    withheld_quantiles: list[float] = field(default_factory=list)
+    #: The ``--since``/``--until`` window in words, or ``None``.
+    window: str | None = None
+    tables: dict[str, str] = field(default_factory=dict)
+    charts: dict[str, str] = field(default_factory=dict)
+    summary_json: str | None = None
+    quality_json: str | None = None
+    markdown: str | None = None
 
 
 def label(row: Row) -> str:

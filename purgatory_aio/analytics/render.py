@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
-from purgatory_aio.analytics.metrics import ACCURACY, RANK_ERROR
+from purgatory_aio.analytics.metrics import ACCURACY, RANK_ERROR, TAIL_SHARE
 from purgatory_aio.analytics.model import Report, label, timeouts_vary
+from purgatory_aio.analytics.quality import PLAUSIBLE_FROM, PLAUSIBLE_UNTIL, REASONS
 
 #: Fractions of the used timeout shown in the what-if tables of report.md.
 WHATIF_SHOWN = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -33,6 +33,7 @@ def render_markdown(report: Report) -> str:
     """The whole of ``report.md``."""
     parts = [
         _header(report),
+        _quality_section(report),
         _summary_section(report),
         _latency_section(report),
         _lateness_section(report),
@@ -47,16 +48,52 @@ def render_markdown(report: Report) -> str:
 def _header(report: Report) -> str:
     first = min(row["first_settled_at"] for row in report.summary)
     last = max(row["last_settled_at"] for row in report.summary)
+    window = f"\n- Only operations {report.window}" if report.window else ""
     return f"""
 # Purgatory operations report
 
 - Input: `{report.events_dir}`: {report.events:,} operations, {len(report.summary)} \
 purgatory/op_type group(s)
 - Settled between {_utc(first)} and {_utc(last)}
-- Generated {report.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")}
+- Generated {report.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")}{window}
 
 Times below are in milliseconds unless marked; `summary.json` holds the same figures in
 seconds.
+"""
+
+
+def _quality_section(report: Report) -> str:
+    quality = report.quality
+    problems = quality.problems()
+    verdict = (
+        "No duplicates, no implausible records, no records dropped by the writers."
+        if not problems
+        else "**The input has problems**: " + "; ".join(problems) + "."
+    )
+    rows = [[REASONS[name], _int(count)] for name, count in quality.excluded.items()]
+    table = _table(["excluded because", "records"], rows)
+    lo = datetime.fromtimestamp(PLAUSIBLE_FROM, UTC).year
+    hi = datetime.fromtimestamp(PLAUSIBLE_UNTIL, UTC).year
+    incomplete = ""
+    if quality.dropped_by_writers:
+        incomplete = (
+            f"\n\n**Input incomplete**: {len(quality.writer_drops)} writer(s) recorded "
+            f"{quality.dropped_by_writers:,} dropped record(s) (queue full or write failures) "
+            "in their `_dropped-*.json` markers; every count below is short by up to that many."
+        )
+    return f"""
+## Data quality
+
+{quality.rows_read:,} records read; {quality.duplicates:,} exact duplicate(s) dropped;
+{sum(quality.excluded.values()):,} excluded from every figure; {report.events:,} used.
+{verdict}
+
+{table}
+
+Records are checked in this order and counted under the first reason that applies;
+plausible times lie between {lo} and {hi}. Operations recorded twice with different
+contents under one `(producer, purgatory, op_id)`: {quality.conflicting_ids:,}.
+Per-group counts are in `summary.json`, totals in `data_quality.json`.{incomplete}
 """
 
 
@@ -122,10 +159,22 @@ def _latency_section(report: Report) -> str:
 
 {table}
 
-{accuracy_note()}
+{accuracy_note()}{_withheld_note(report)}
 
 ![Completion latency distribution](charts/latency.png)
 """
+
+
+def _withheld_note(report: Report) -> str:
+    if not report.withheld_quantiles:
+        return ""
+    names = ", ".join(f"p{q * 100:g}" for q in report.withheld_quantiles)
+    return (
+        f"\n\nWithheld: {names} (in groups with more than {ACCURACY:,} completed operations). "
+        f"Their rank error, n/{ACCURACY:,}, exceeds {TAIL_SHARE:.0%} of the tail beyond them, "
+        "so they would say nothing the next lower percentile does not; they are left out of "
+        "the tables and the chart."
+    )
 
 
 def _lateness_section(report: Report) -> str:
@@ -170,7 +219,7 @@ def _hot_keys_section(report: Report) -> str:
 ## Hot keys
 
 The {report.top_keys} most watched keys per group (an operation counts once per key it
-watches); the full list is in `tables/hot_keys`.
+watches); every key's counts are in `tables/hot_keys` (unranked).
 """
     ]
     for summary in report.summary:
@@ -202,9 +251,10 @@ def _whatif_section(report: Report) -> str:
 
 What share of operations would have expired with a shorter timeout? Each candidate is a
 fraction of the timeout an operation was given (`deadline - created_at`), and is shown in
-milliseconds at the group's mean timeout. A completed operation slower than the candidate
-would have expired; an expired one would have expired anyway. Shares are over completed and
-expired operations (cancelled and shutdown ones are left out). Counts are exact.
+milliseconds at the group's mean timeout; the chart draws each group against its own
+timeout. A completed operation slower than the candidate would have expired; an expired
+one would have expired anyway. Shares are over completed and expired operations (cancelled and
+shutdown ones are left out). Counts are exact.
 
 {NOT_JUDGEABLE}
 
@@ -239,7 +289,7 @@ expired operations (cancelled and shutdown ones are left out). Counts are exact.
 
 
 def _tables_section(report: Report) -> str:
-    lines = [f"- `{Path(path).relative_to(report.out_dir)}/`" for path in report.tables.values()]
+    lines = [f"- `tables/{name}/`" for name in report.tables]
     return "## Tables (Parquet)\n\n" + "\n".join(lines)
 
 

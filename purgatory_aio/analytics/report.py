@@ -16,19 +16,34 @@ from pathlib import Path
 
 from purgatory_aio.analytics import charts, metrics
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
-from purgatory_aio.analytics.inputs import check_aggregates, check_results, read_events
+from purgatory_aio.analytics.inputs import (
+    CHECK_PREFIX,
+    COPIES,
+    CORRUPT,
+    TimeRange,
+    check_aggregates,
+    check_results,
+    list_event_files,
+    read_drop_markers,
+    read_events,
+)
 from purgatory_aio.analytics.metrics import (
     CURVE_QUANTILES,
     GROUP,
     HEADLINE_QUANTILES,
     LATENESS_QUANTILES,
     WHATIF_FRACTIONS,
+    meaningful,
 )
 from purgatory_aio.analytics.model import SUMMARY_KEYS, Report, Row, label
+from purgatory_aio.analytics.output import ReportOutput, check_local_target
+from purgatory_aio.analytics.quality import REASON, REASONS, Quality
+from purgatory_aio.analytics.quality import reason as quality_reason
 from purgatory_aio.analytics.render import render_markdown
 from purgatory_aio.events import COLUMNS, OUTCOMES
 
 try:
+    from pyspark import StorageLevel
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import (
@@ -51,67 +66,181 @@ def run(
     *,
     spark: SparkSession,
     top_keys: int = 20,
+    since: float | None = None,
+    until: float | None = None,
+    strict: bool = False,
 ) -> Report:
     """Compute the report of the event log under ``events_dir`` into ``out_dir``.
+
+    Every figure is computed by Spark and collected to the driver; the large
+    tables are written by Spark into the report, never read back. The report
+    appears at ``out_dir`` all at once when everything is written (see
+    :mod:`~.output`); a failed run leaves a previous report there untouched.
 
     Args:
         events_dir: Directory (searched recursively) of ``*.parquet`` and
             ``*.jsonl`` event files, or a Hadoop URI such as ``hdfs://...``.
-        out_dir: Local directory for the report; created, and its report files
-            replaced.
+        out_dir: Report directory: a plain path or a Hadoop URI; replaced.
         spark: The session to run on; it is left running.
         top_keys: Hot keys listed per (purgatory, op_type) in ``report.md``.
+        since: Only operations settled at or after this epoch second; whole
+            ``date=``/``hour=`` partitions before it are not read.
+        until: Only operations settled before this epoch second (same pruning).
+        strict: Fail instead of reporting when rows were dropped or excluded,
+            or the writers dropped records.
 
     Raises:
-        ReportError: Missing, empty or malformed input; ``out_dir`` unusable.
+        ReportError: Missing, empty or malformed input; ``out_dir`` unusable;
+            with ``strict``, any data quality problem.
     """
     if top_keys < 1:
         raise ReportError(f"top_keys must be at least 1, got {top_keys}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ReportError(f"report directory is a file: {out}")
-    raw = read_events(spark, events_dir)
-    # Checking shares the first pass over the data with the figures.
-    grouped = raw.groupBy(*GROUP).agg(*metrics.group_aggregates(), *check_aggregates())
+    window = TimeRange(since, until)
+    location = str(out_dir)
+    check_local_target(location)
+    files = list_event_files(spark, events_dir, window)
+    quality = Quality(writer_drops=read_drop_markers(spark, files))
+    raw = read_events(spark, files)
+    if window.bounded:
+        settled = F.col("settled_at")
+        inside = F.lit(True)
+        if window.since is not None:
+            inside = inside & (settled >= window.since)
+        if window.until is not None:
+            inside = inside & (settled < window.until)
+        raw = raw.where(F.col(CORRUPT).isNotNull() | settled.isNull() | inside)
+    # One pass over the input: exact duplicates collapse into one row with a copy
+    # count, and everything after reads this cached frame instead of the files.
+    unique = (
+        raw.groupBy(*COLUMNS, CORRUPT)
+        .agg(F.count(F.lit(1)).alias(COPIES))
+        .withColumn(REASON, quality_reason())
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    try:
+        return _run_on(spark, unique, raw, events_dir, location, top_keys, window, strict, quality)
+    finally:
+        unique.unpersist()
+
+
+def _run_on(
+    spark: SparkSession,
+    unique: DataFrame,
+    raw: DataFrame,
+    events_dir: str,
+    location: str,
+    top_keys: int,
+    window: TimeRange,
+    strict: bool,
+    quality: Quality,
+) -> Report:
+    valid = F.col(REASON).isNull()
+    grouped = unique.groupBy(*GROUP).agg(
+        *metrics.group_aggregates(valid),
+        *check_aggregates(F.col(COPIES)),
+        F.sum(F.col(COPIES) - 1).alias("_duplicates"),
+        *(F.count(F.when(F.col(REASON) == name, 1)).alias(f"_x_{name}") for name in REASONS),
+    )
     rows = [row.asDict() for row in grouped.collect()]
-    total = check_results(raw, rows, events_dir)
-    stats = sorted(rows, key=lambda row: (row["purgatory"], row["op_type"]))
-    events = raw.select(*COLUMNS)
-    out.mkdir(parents=True, exist_ok=True)
-    tables = out / "tables"
+    check_results(raw, rows, events_dir)
+    quality.rows_read = sum(int(row[CHECK_PREFIX + "rows"]) for row in rows)
+    quality.duplicates = sum(int(row["_duplicates"] or 0) for row in rows)
+    for name in REASONS:
+        quality.excluded[name] = sum(int(row[f"_x_{name}"]) for row in rows)
+    conflicts = (
+        unique.where(F.col("producer").isNotNull())
+        .groupBy("producer", "purgatory", "op_id")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .where(F.col("n") > 1)
+        .agg(F.count(F.lit(1)).alias("ids"), F.sum("n").alias("rows"))
+        .collect()[0]
+    )
+    quality.conflicting_ids = int(conflicts["ids"] or 0)
+    quality.conflicting_rows = int(conflicts["rows"] or 0)
+    if strict and (problems := quality.problems()):
+        raise ReportError(f"--strict: the input has problems: {'; '.join(problems)}")
+    stats = sorted(
+        (row for row in rows if row["count"]), key=lambda row: (row["purgatory"], row["op_type"])
+    )
+    if not stats:
+        raise ReportError(
+            f"no usable events under {events_dir}"
+            + (f" {window.describe()}" if window.bounded else "")
+            + (f": {'; '.join(quality.problems())}" if quality.problems() else "")
+        )
+    events = unique.where(valid).select(*COLUMNS)
 
-    _write(metrics.per_second(events), tables / "throughput")
-    per_second = spark.read.parquet(str(tables / "throughput"))
-    peaks = {
-        (row["purgatory"], row["op_type"]): int(row["peak"])
-        for row in per_second.groupBy(*GROUP).agg(F.max("settled").alias("peak")).collect()
-    }
+    output = ReportOutput(location, spark)
+    try:
+        report = _write_report(
+            spark, output, events, stats, rows, events_dir, top_keys, window, quality
+        )
+        output.commit()
+    except BaseException:
+        output.abort()
+        raise
+    return report
 
-    _write(metrics.key_stats(events), tables / "hot_keys")
-    hot_keys = [
-        row.asDict()
-        for row in spark.read.parquet(str(tables / "hot_keys"))
-        .where(F.col("rank") <= top_keys)
-        .orderBy(*GROUP, "rank")
-        .collect()
-    ]
+
+def _write_report(
+    spark: SparkSession,
+    output: ReportOutput,
+    events: DataFrame,
+    stats: list[Row],
+    rows: list[Row],
+    events_dir: str,
+    top_keys: int,
+    window: TimeRange,
+    quality: Quality,
+) -> Report:
+    per_second = metrics.per_second(events).persist(StorageLevel.MEMORY_AND_DISK)
+    by_key = metrics.key_stats(events).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        _write(per_second, output, "throughput")
+        peaks = {
+            (row["purgatory"], row["op_type"]): int(row["peak"])
+            for row in per_second.groupBy(*GROUP).agg(F.max("settled").alias("peak")).collect()
+        }
+        start = math.floor(min(row["first_settled_at"] for row in stats))
+        span = math.floor(max(row["last_settled_at"] for row in stats)) - start + 1
+        bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
+        bins = metrics.timeline(per_second, start, bin_seconds).collect()
+        _write(by_key, output, "hot_keys")
+        hot_keys = [
+            row.asDict()
+            for row in metrics.top_keys(by_key, top_keys).orderBy(*GROUP, "rank").collect()
+        ]
+    finally:
+        per_second.unpersist()
+        by_key.unpersist()
 
     summary = [_summary_row(row, peaks) for row in stats]
+    for row, group in zip(summary, stats, strict=True):
+        row["duplicates_dropped"] = int(group["_duplicates"] or 0)
+        row["excluded"] = {name: int(group[f"_x_{name}"]) for name in REASONS}
     whatif = [entry for row in stats for entry in _whatif_rows(row)]
     curves = {
-        label(row): list(zip(CURVE_QUANTILES, row["latency_curve"], strict=True))
+        label(row): [
+            (q, float(v))
+            for q, v in zip(CURVE_QUANTILES, row["latency_curve"], strict=True)
+            if meaningful(q, int(row["completed"]))
+        ]
         for row in stats
         if row["latency_curve"] is not None
     }
-    start = math.floor(min(row["first_settled_at"] for row in stats))
-    span = math.floor(max(row["last_settled_at"] for row in stats)) - start + 1
-    bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
-    bins = metrics.timeline(per_second, start, bin_seconds).collect()
-
+    withheld = sorted(
+        {
+            q
+            for row in stats
+            if row["latency_curve"] is not None
+            for q in CURVE_QUANTILES
+            if not meaningful(q, int(row["completed"]))
+        }
+    )
     report = Report(
         events_dir=events_dir,
-        out_dir=out,
-        events=total,
+        out_dir=output.location,
+        events=sum(int(row["count"]) for row in stats),
         generated_at=datetime.now(UTC),
         summary=summary,
         whatif=whatif,
@@ -120,28 +249,47 @@ def run(
         top_keys=top_keys,
         timeline_start=start,
         timeline_bin_seconds=bin_seconds,
+        quality=quality,
+        withheld_quantiles=withheld,
+        window=window.describe() if window.bounded else None,
     )
-    report.tables["throughput"] = tables / "throughput"
-    report.tables["hot_keys"] = tables / "hot_keys"
-    for name, rows, schema in (
-        ("summary", summary, _SUMMARY_SCHEMA),
+    report.tables["throughput"] = output.final("tables/throughput")
+    report.tables["hot_keys"] = output.final("tables/hot_keys")
+    for name, table_rows, schema in (
+        ("summary", [_table_row(row) for row in summary], _SUMMARY_SCHEMA),
         ("whatif", whatif, _WHATIF_SCHEMA),
         ("latency_quantiles", _curve_rows(stats), _CURVE_SCHEMA),
     ):
-        _write(spark.createDataFrame(rows, schema).coalesce(1), tables / name)
-        report.tables[name] = tables / name
+        _write(spark.createDataFrame(table_rows, schema).coalesce(1), output, name)
+        report.tables[name] = output.final(f"tables/{name}")
 
-    report.summary_json = out / "summary.json"
-    report.summary_json.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    _draw_charts(report, [row.asDict() for row in bins], span)
-
-    report.markdown = out / "report.md"
-    report.markdown.write_text(render_markdown(report), encoding="utf-8")
+    (output.files / "summary.json").write_text(
+        json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8"
+    )
+    report.summary_json = output.final("summary.json")
+    quality_doc = {
+        **quality.as_dict(),
+        "window": report.window,
+        "withheld_percentiles": [f"p{q * 100:g}" for q in withheld],
+    }
+    (output.files / "data_quality.json").write_text(
+        json.dumps(quality_doc, indent=2, allow_nan=False) + "\n", encoding="utf-8"
+    )
+    report.quality_json = output.final("data_quality.json")
+    _draw_charts(report, output, [row.asDict() for row in bins], span)
+    (output.files / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    report.markdown = output.final("report.md")
     return report
 
 
-def _write(frame: DataFrame, path: Path) -> None:
-    frame.write.mode("overwrite").parquet(str(path))
+def _table_row(row: Row) -> Row:
+    return {
+        key: value for key, value in row.items() if key not in ("duplicates_dropped", "excluded")
+    }
+
+
+def _write(frame: DataFrame, output: ReportOutput, name: str) -> None:
+    frame.write.mode("overwrite").parquet(f"{output.uri}/tables/{name}")
 
 
 def _summary_row(stats: Row, peaks: dict[tuple[str, str], int]) -> Row:
@@ -150,7 +298,9 @@ def _summary_row(stats: Row, peaks: dict[tuple[str, str], int]) -> Row:
     lateness = stats["lateness_q"]
 
     def latency_at(quantile: float) -> float | None:
-        return None if curve is None else float(curve[CURVE_QUANTILES.index(quantile)])
+        if curve is None or not meaningful(quantile, int(stats["completed"])):
+            return None
+        return float(curve[CURVE_QUANTILES.index(quantile)])
 
     first, last = stats["first_settled_at"], stats["last_settled_at"]
     active_seconds = math.floor(last) - math.floor(first) + 1
@@ -218,11 +368,12 @@ def _curve_rows(stats: list[Row]) -> list[Row]:
         for row in stats
         if row["latency_curve"] is not None
         for quantile, value in zip(CURVE_QUANTILES, row["latency_curve"], strict=True)
+        if meaningful(quantile, int(row["completed"]))
     ]
 
 
-def _draw_charts(report: Report, bins: list[Row], span: int) -> None:
-    directory = report.out_dir / "charts"
+def _draw_charts(report: Report, output: ReportOutput, bins: list[Row], span: int) -> None:
+    directory = output.files / "charts"
     width = report.timeline_bin_seconds
     count = max(1, math.ceil(span / width))
     settled: dict[str, list[float]] = {}
@@ -238,17 +389,18 @@ def _draw_charts(report: Report, bins: list[Row], span: int) -> None:
     xlabel = (
         f"seconds since {_utc(report.timeline_start)} ({width} s bin{'s' if width > 1 else ''})"
     )
-    report.charts["latency"] = charts.latency_chart(
-        directory / "latency.png", report.latency_curves
-    )
-    report.charts["throughput"] = charts.timeline_chart(
+    report.charts["latency"] = output.final("charts/latency.png")
+    charts.latency_chart(directory / "latency.png", report.latency_curves)
+    report.charts["throughput"] = output.final("charts/throughput.png")
+    charts.timeline_chart(
         directory / "throughput.png",
         {name: list(zip(xs, ys, strict=True)) for name, ys in settled.items()},
         title="Operations settled per second",
         ylabel="settled / s",
         xlabel=xlabel,
     )
-    report.charts["expirations"] = charts.timeline_chart(
+    report.charts["expirations"] = output.final("charts/expirations.png")
+    charts.timeline_chart(
         directory / "expirations.png",
         {name: list(zip(xs, ys, strict=True)) for name, ys in expired.items()},
         title="Expirations per second",
@@ -257,8 +409,10 @@ def _draw_charts(report: Report, bins: list[Row], span: int) -> None:
     )
     whatif: dict[str, list[tuple[float, float]]] = {}
     for row in report.whatif:
-        whatif.setdefault(label(row), []).append((row["candidate_timeout_s"], row["share"]))
-    report.charts["whatif"] = charts.whatif_chart(directory / "whatif.png", whatif)
+        whatif.setdefault(label(row), []).append((row["timeout_fraction"], row["share"]))
+    timeouts = {label(row): float(row["timeout_mean"]) for row in report.summary}
+    report.charts["whatif"] = output.final("charts/whatif.png")
+    charts.whatif_chart(directory / "whatif.png", whatif, timeouts)
 
 
 def _utc(epoch_seconds: float) -> str:

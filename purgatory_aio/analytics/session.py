@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,7 +23,13 @@ except ImportError as exc:
 
 APP_NAME = "purgatory-report"
 DEFAULT_MASTER = "local[*]"
-LOG_LEVEL = "WARN"
+LOG_LEVEL = "ERROR"
+
+#: log4j2 settings for a JVM this module starts (errors only, on stderr).
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+#: Address an embedded (``local``) Spark binds: nothing listens beyond this machine.
+LOOPBACK = "127.0.0.1"
 
 
 def under_spark_submit() -> bool:
@@ -89,6 +96,10 @@ def local_defaults(master: str) -> dict[str, str]:
     else:
         cores = int(threads)
     return {
+        # An embedded run serves nobody else: bind the driver (block manager, RPC) to
+        # loopback instead of the address the host name resolves to.
+        "spark.driver.host": LOOPBACK,
+        "spark.driver.bindAddress": LOOPBACK,
         # The default of 200 partitions costs more in task overhead than the
         # aggregations it splits: the report's grouped tables are small.
         "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
@@ -125,6 +136,15 @@ def create_session(
     effective = master or (None if under_spark_submit() else DEFAULT_MASTER)
     if effective is not None:
         settings.update(local_defaults(effective))
+    if not under_spark_submit():
+        # The command prints its own one-line result; a progress bar would interleave.
+        settings["spark.ui.showConsoleProgress"] = "false"
+        # Read before any log line: setLogLevel below comes too late for start-up warnings.
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"
+        if effective is not None and _is_local(effective):
+            # Spark picks its address before reading settings; this also silences
+            # its "resolves to a loopback address" warning.
+            os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     settings.update(conf or {})
     builder = SparkSession.builder.appName(APP_NAME)
     if effective is not None:
@@ -145,12 +165,55 @@ def create_session(
             # spark-submit's own master skipped them above; runtime SQL settings still apply.
             if key.startswith("spark.sql.") and not given.contains(key):
                 spark.conf.set(key, value)
-        _silence_task_failure_logs(spark)
+    _silence_task_failure_logs(spark)
+    if not running_master.startswith("local"):
+        check_worker_python(spark)
     return spark
 
 
+def _is_local(master: str) -> bool:
+    return re.fullmatch(r"local(\[.*\])?", master) is not None
+
+
+def check_worker_python(spark: SparkSession) -> None:
+    """Run one tiny Python task on the cluster: fail early, in one line, when workers
+    cannot run this driver's Python (another minor version, a missing interpreter).
+
+    Raises:
+        ReportError: The workers' Python differs from the driver's or does not start.
+    """
+    driver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        found = spark.sparkContext.parallelize([0], 1).map(_python_version).collect()
+    except Exception as exc:
+        reason = describe_spark_error(exc)
+        configured = os.environ.get("PYSPARK_PYTHON", "python3 (PYSPARK_PYTHON unset)")
+        mismatch = re.search(r"different version \S+ \S+ than that in driver \S+", reason)
+        if "PYTHON_VERSION_MISMATCH" in reason or mismatch:
+            raise ReportError(
+                f"Python version mismatch: the workers run another Python than the driver's "
+                f"{driver} (PYSPARK_PYTHON={configured}); install Python {driver} on every "
+                "worker and set PYSPARK_PYTHON to its absolute path"
+            ) from exc
+        raise ReportError(
+            f"the Spark workers cannot run Python {driver} (PYSPARK_PYTHON={configured}): "
+            f"{reason}; set PYSPARK_PYTHON to an absolute path valid on every worker"
+        ) from exc
+    if found and found[0] != driver:
+        raise ReportError(
+            f"Python version mismatch: driver {driver}, workers {found[0]}; "
+            "set PYSPARK_PYTHON to an absolute path of Python " + driver + " on every worker"
+        )
+
+
+def _python_version(_: object) -> str:
+    import sys as worker_sys
+
+    return f"{worker_sys.version_info.major}.{worker_sys.version_info.minor}"
+
+
 def _silence_task_failure_logs(spark: SparkSession) -> None:
-    """In local mode a failed task fails the run, which reports it as one line itself.
+    """A failed task fails the run, which reports it as one line itself.
 
     Without this, the executor's stack trace (logged at ERROR) would bury that line.
     """

@@ -5,9 +5,12 @@ from __future__ import annotations
 import atexit
 import collections
 import itertools
+import json
+import math
 import os
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -15,15 +18,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Generic, Self, TypeVar
 
-import structlog
-
+from purgatory_aio._logging import get_logger
 from purgatory_aio._validation import check_positive_int, check_positive_seconds
 from purgatory_aio.events import OperationEvent
 
-logger = structlog.get_logger()
+logger = get_logger("purgatory_aio.eventlog")
 
 #: Seconds between two "records dropped" warnings of one writer.
 DROP_WARNING_INTERVAL = 10.0
+
+#: Name of the marker file in which a writer records how many records it dropped;
+#: hidden from Spark (leading ``_``), read by the report to say its input is incomplete.
+DROP_MARKER_PREFIX = "_dropped-"
+
+# Settlement times outside this range cannot be real (e.g. milliseconds given as
+# seconds); their records go to the partition of the wall-clock hour instead.
+_PARTITION_RANGE = (0.0, 4_102_444_800.0)  # 1970 .. 2100
 
 # Process-wide, so two writers sharing a directory never pick the same file name.
 _file_seq = itertools.count(1)
@@ -43,7 +53,16 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
     The worker writes records in batches of ``batch_size`` (or whatever arrived
     within ``flush_seconds``) to a file named
     ``<prefix>-<UTC open time>-<pid>-<seq><suffix>``, so file names sort by
-    time. A file is written under a hidden ``.<name>.tmp`` name and renamed when
+    time. With ``partitioned`` (the default) files go under
+    ``date=YYYY-MM-DD/hour=HH/`` by the UTC hour the records settled in, so a
+    reader can skip the hours it does not need; a file holds one hour only.
+
+    Every record gets the writer's :attr:`producer` id (a random UUID per
+    writer) unless it already names one, so ``(producer, purgatory, op_id)``
+    identifies an operation. Dropped records are also recorded in the log
+    itself: a ``_dropped-<producer>.json`` file at the top of ``directory``
+    holds the writer's running totals, so a report can tell its input is
+    incomplete. A file is written under a hidden ``.<name>.tmp`` name and renamed when
     it is closed: once it holds ``roll_bytes`` bytes, ``roll_seconds`` after it
     was opened, or at :meth:`close`. Readers such as Spark skip hidden files, so
     they never see a partial file.
@@ -60,6 +79,7 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         queue_size: Records waiting for the worker before ``emit`` drops.
         flush_seconds: Longest a record waits for its batch to fill.
         prefix: File name prefix.
+        partitioned: Lay files out by settlement date and hour.
 
     Subclasses implement the format: :meth:`_encode`, :meth:`_open_file`,
     :meth:`_write_payload`, :meth:`_bytes_written` and :meth:`_close_file`.
@@ -77,6 +97,7 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         queue_size: int = 100_000,
         flush_seconds: float = 1.0,
         prefix: str = "events",
+        partitioned: bool = True,
     ) -> None:
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.roll_bytes = check_positive_int(roll_bytes, "roll_bytes")
@@ -88,6 +109,9 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
+        self.partitioned = partitioned
+        #: This writer's id, stamped on every record it writes.
+        self.producer = uuid.uuid4().hex
 
         # A deque appended by the producer and popped by the worker needs no lock:
         # both operations are atomic, and only the producer can make it grow.
@@ -105,6 +129,8 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         self._tmp_path: Path | None = None
         self._final_path: Path | None = None
         self._opened_at = 0.0
+        self._partition: str | None = None
+        self._drops_marked = 0
         self._drops_reported = 0
         self._drops_reported_at = -DROP_WARNING_INTERVAL
 
@@ -175,6 +201,7 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
             leftover = len(self._pending)
             self._pending.clear()
             self._dropped += leftover
+            self._mark_drops()
         if self.dropped:
             logger.warning(
                 "eventlog.closed_with_drops",
@@ -263,13 +290,34 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         return max(0.0, deadline - now)
 
     def _write(self, batch: list[OperationEvent]) -> None:
+        producer = self.producer
+        stamped = [e if e.producer is not None else e._replace(producer=producer) for e in batch]
+        if not self.partitioned:
+            self._write_run(stamped)
+            return
+        # A file holds one hour: split the batch where the settlement hour changes.
+        run: list[OperationEvent] = []
+        run_partition: str | None = None
+        for event in stamped:
+            partition = _partition_of(event.settled_at)
+            if run and partition != run_partition:
+                self._write_run(run, run_partition)
+                run = []
+            run_partition = partition
+            run.append(event)
+        if run:
+            self._write_run(run, run_partition)
+
+    def _write_run(self, batch: list[OperationEvent], partition: str | None = None) -> None:
+        if self._tmp_path is not None and partition != self._partition:
+            self._finish_file()
         payload = self._encode_or_skip(batch)
         if payload is None:
             return
         records, encoded = payload
         try:
             if self._tmp_path is None:
-                self._start_file()
+                self._start_file(partition)
             self._write_payload(encoded)
         except Exception:
             self._failed += records
@@ -317,11 +365,16 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
             return False
         return True
 
-    def _start_file(self) -> None:
+    def _start_file(self, partition: str | None) -> None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         name = f"{self.prefix}-{stamp}-{os.getpid()}-{next(_file_seq):06d}{self.suffix}"
-        self._final_path = self.directory / name
-        self._tmp_path = self.directory / f".{name}.tmp"
+        directory = self.directory
+        if partition is not None:
+            directory = directory / partition
+            directory.mkdir(parents=True, exist_ok=True)
+        self._partition = partition
+        self._final_path = directory / name
+        self._tmp_path = directory / f".{name}.tmp"
         self._opened_at = time.monotonic()
         self._open_file(self._tmp_path)
 
@@ -344,7 +397,28 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
             return
         self._finish_file()
 
+    def _mark_drops(self) -> None:
+        """Record the drop total in the log directory (replaced atomically)."""
+        dropped = self.dropped
+        if dropped == self._drops_marked:
+            return
+        self._drops_marked = dropped
+        marker = self.directory / f"{DROP_MARKER_PREFIX}{self.producer}.json"
+        tmp = marker.with_name(f".{marker.name}.tmp")
+        record = {
+            "producer": self.producer,
+            "dropped": dropped,
+            "written": self._written,
+            "updated_at": datetime.now(UTC).isoformat(),
+        }
+        try:
+            tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+            os.replace(tmp, marker)
+        except OSError:
+            logger.exception("eventlog.drop_marker_failed", path=str(marker))
+
     def _report_drops(self, now: float) -> None:
+        self._mark_drops()
         dropped = self._dropped
         if dropped > self._drops_reported and (
             now - self._drops_reported_at >= DROP_WARNING_INTERVAL or self._closing
@@ -360,3 +434,10 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
                 )
             self._drops_reported = dropped
             self._drops_reported_at = now
+
+
+def _partition_of(settled_at: float) -> str:
+    """``date=YYYY-MM-DD/hour=HH`` of the UTC hour ``settled_at`` falls in."""
+    low, high = _PARTITION_RANGE
+    instant = settled_at if math.isfinite(settled_at) and low <= settled_at < high else time.time()
+    return datetime.fromtimestamp(instant, UTC).strftime("date=%Y-%m-%d/hour=%H")

@@ -39,6 +39,7 @@ class JsonLinesWriter(QueuedEventWriter[bytes]):
         queue_size: int = 100_000,
         flush_seconds: float = 1.0,
         prefix: str = "events",
+        partitioned: bool = True,
     ) -> None:
         self._file: IO[bytes] | None = None
         super().__init__(
@@ -49,6 +50,7 @@ class JsonLinesWriter(QueuedEventWriter[bytes]):
             queue_size=queue_size,
             flush_seconds=flush_seconds,
             prefix=prefix,
+            partitioned=partitioned,
         )
 
     def _encode(self, events: Sequence[OperationEvent]) -> bytes:

@@ -28,6 +28,7 @@ def arrow_schema() -> Any:
             pa.field("settled_at", pa.float64(), nullable=False),
             pa.field("outcome", pa.string(), nullable=False),
             pa.field("error", pa.string(), nullable=True),
+            pa.field("producer", pa.string(), nullable=True),
         ]
     )
 
@@ -61,6 +62,7 @@ class ParquetWriter(QueuedEventWriter[Any]):
         queue_size: int = 100_000,
         flush_seconds: float = 1.0,
         prefix: str = "events",
+        partitioned: bool = True,
         compression: str = "zstd",
     ) -> None:
         try:
@@ -82,6 +84,7 @@ class ParquetWriter(QueuedEventWriter[Any]):
             queue_size=queue_size,
             flush_seconds=flush_seconds,
             prefix=prefix,
+            partitioned=partitioned,
         )
 
     def _encode(self, events: Sequence[OperationEvent]) -> Any:

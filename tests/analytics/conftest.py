@@ -39,3 +39,16 @@ def event_log(events: list[OperationEvent], tmp_path_factory: pytest.TempPathFac
     directory = tmp_path_factory.mktemp("events")
     write_log(directory, events)
     return directory
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark standalone master and one worker on 127.0.0.1, from pyspark's own jars.
+
+    Yields the master URL. Both JVMs run on free ports and are stopped by PID.
+    """
+    from bench._cluster import StandaloneCluster
+
+    work = tmp_path_factory.mktemp("spark-cluster")
+    with StandaloneCluster(work) as cluster:
+        yield cluster.url

@@ -17,14 +17,14 @@ import pytest
 import purgatory_aio.analytics.cli as cli
 from purgatory_aio.analytics.cli import main
 from purgatory_aio.analytics.errors import JAVA_MISSING
-from purgatory_aio.analytics.inputs import load_events
 from purgatory_aio.eventlog import arrow_schema
 from purgatory_aio.events import COLUMNS, OperationEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_FILE = ROOT / "purgatory_aio" / "analytics" / "cli.py"
 
-EVENT = OperationEvent("fetch", "FetchOp", 1, ["t-0"], 100.0, 100.5, 100.1, "completed", None)
+T0 = 1_700_000_100.0
+EVENT = OperationEvent("fetch", "FetchOp", 1, ["t-0"], T0, T0 + 0.5, T0 + 0.1, "completed", None)
 
 
 def error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -123,8 +123,19 @@ def test_corrupt_jsonl_file(capsys, spark: Any, tmp_path: Path) -> None:
     good = json.dumps(EVENT.as_dict())
     write_jsonl(tmp_path / "events" / "a.jsonl", [good, '{"purgatory": "fetch", "op_ty'])
     line = run_cli(capsys, spark, tmp_path / "events", tmp_path / "out")
-    assert "not valid event JSON" in line
-    assert "a.jsonl" in line
+    assert "not valid event records" in line
+    assert "a.jsonl line 2: not JSON" in line
+
+
+@pytest.mark.spark
+def test_jsonl_line_with_a_wrong_type_names_file_line_and_field(
+    capsys, spark: Any, tmp_path: Path
+) -> None:
+    good = json.dumps(EVENT.as_dict())
+    bad = json.dumps({**EVENT.as_dict(), "op_id": "seven"})
+    write_jsonl(tmp_path / "events" / "a.jsonl", [good, good, bad])
+    line = run_cli(capsys, spark, tmp_path / "events", tmp_path / "out")
+    assert 'a.jsonl line 3: field op_id is "seven" (a string), expected an integer' in line
 
 
 @pytest.mark.spark
@@ -146,13 +157,58 @@ def test_event_files_without_events(capsys, spark: Any, tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_parquet_and_jsonl_mixed_in_nested_directories(spark: Any, tmp_path: Path) -> None:
     write_parquet(tmp_path / "events" / "a" / "x.parquet", [EVENT.as_dict()], arrow_schema())
-    second = EVENT._replace(op_id=2, outcome="expired", settled_at=100.6)
+    second = EVENT._replace(op_id=2, outcome="expired", settled_at=T0 + 0.6)
     write_jsonl(tmp_path / "events" / "b" / "c" / "y.jsonl", [json.dumps(second.as_dict())])
     (tmp_path / "events" / "_SUCCESS").write_text("")
-    frame, count = load_events(spark, str(tmp_path / "events"))
-    assert count == 2
-    assert sorted(r["outcome"] for r in frame.collect()) == ["completed", "expired"]
-    assert tuple(frame.columns) == COLUMNS
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "events"), "--out", str(out)], spark=spark) == 0
+    (row,) = json.loads((out / "summary.json").read_text())
+    assert (row["count"], row["completed"], row["expired"]) == (2, 1, 1)
+
+
+def test_a_file_that_is_not_an_event_file_is_not_a_directory(capsys, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main([str(tmp_path / "notes.txt"), "--out", str(tmp_path / "out")]) == 1
+    assert "not a directory" in error_line(capsys)
+
+
+@pytest.mark.parametrize("out", ["/proc/report", "/proc/version/report"])
+def test_unwritable_output_fails_before_spark_starts(
+    capsys, tmp_path: Path, monkeypatch, out: str
+) -> None:
+    from purgatory_aio.analytics import session
+
+    write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+
+    def no_spark(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("Spark was started before the output was checked")
+
+    monkeypatch.setattr(session, "create_session", no_spark)
+    assert main([str(tmp_path / "events"), "--out", out]) == 1
+    assert "cannot write the report to" in error_line(capsys)
+
+
+def test_a_directory_that_is_not_a_report_is_never_replaced(capsys, tmp_path: Path) -> None:
+    write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("...")
+    assert main([str(tmp_path / "events"), "--out", str(precious)]) == 1
+    assert "not a purgatory report" in error_line(capsys)
+    assert (precious / "thesis.tex").read_text() == "..."
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "yesterday"], "not a time: 'yesterday'"),
+        (["--since", "2026-02-01", "--until", "2026-01-01"], "must be before --until"),
+    ],
+)
+def test_bad_time_window(capsys, tmp_path: Path, args: list[str], message: str) -> None:
+    write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
+    assert main([str(tmp_path / "events"), "--out", str(tmp_path / "out"), *args]) == 1
+    assert message in error_line(capsys)
 
 
 def test_no_java_says_how_to_install_it(capsys, tmp_path: Path, monkeypatch) -> None:

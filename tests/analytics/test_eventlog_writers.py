@@ -70,7 +70,15 @@ def read_back(files: list[Path]) -> list[dict[str, Any]]:
 
 
 def visible(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+    """Event files at any depth, as a reader sees them (no hidden names, no markers)."""
+    return sorted(
+        p for p in directory.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))
+    )
+
+
+def written_as(writer: QueuedEventWriter[Any], events: list[OperationEvent]) -> list[Any]:
+    """``events`` as the writer writes them: stamped with its producer id."""
+    return [event._replace(producer=writer.producer).as_dict() for event in events]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -105,7 +113,7 @@ def test_roundtrip_reads_back_the_emitted_rows(cls, tmp_path: Path) -> None:
             writer.emit(event)
     assert writer.written == len(events)
     assert writer.dropped == 0
-    assert read_back(writer.files) == [event.as_dict() for event in events]
+    assert read_back(writer.files) == written_as(writer, events)
 
 
 def test_parquet_files_carry_the_event_schema(tmp_path: Path) -> None:
@@ -120,7 +128,7 @@ def test_jsonl_has_one_object_per_line_with_the_event_columns(tmp_path: Path) ->
         for event in events:
             writer.emit(event)
     lines = writer.files[0].read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line) for line in lines] == [event.as_dict() for event in events]
+    assert [json.loads(line) for line in lines] == written_as(writer, events)
 
 
 @pytest.mark.parametrize("cls", WRITERS)
@@ -136,7 +144,7 @@ def test_files_roll_by_size(cls, tmp_path: Path) -> None:
         for event in events:
             writer.emit(event)
     assert len(writer.files) >= 10
-    assert read_back(writer.files) == [event.as_dict() for event in events]
+    assert read_back(writer.files) == written_as(writer, events)
 
 
 @pytest.mark.parametrize("cls", WRITERS)
@@ -147,7 +155,10 @@ def test_files_roll_by_time(cls, tmp_path: Path) -> None:
         wait_for(lambda: len(writer.files) == 1)
         writer.emit(second)
     assert len(writer.files) == 2
-    assert [read_back([path]) for path in writer.files] == [[first.as_dict()], [second.as_dict()]]
+    assert [read_back([path]) for path in writer.files] == [
+        written_as(writer, [first]),
+        written_as(writer, [second]),
+    ]
 
 
 @pytest.mark.parametrize("cls", WRITERS)
@@ -168,13 +179,13 @@ def test_open_file_stays_hidden_until_closed(cls, tmp_path: Path) -> None:
         writer.emit(event)
     wait_for(lambda: writer.written == 10)
     assert visible(tmp_path) == []
-    (hidden,) = tmp_path.iterdir()
+    (hidden,) = (p for p in tmp_path.rglob("*") if p.is_file())
     assert hidden.name.startswith(".")
     assert hidden.name.endswith(".tmp")
     writer.close()
     assert visible(tmp_path) == writer.files
     assert len(writer.files) == 1
-    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
 
 
 @pytest.mark.parametrize("cls", WRITERS)
@@ -189,7 +200,10 @@ def test_full_queue_drops_records_and_counts_them(cls, tmp_path: Path) -> None:
     writer.release.set()
     writer.close()
     assert (writer.written, writer.dropped) == (6, 7)
-    assert read_back(writer.files) == [event.as_dict() for event in events[:6]]
+    assert read_back(writer.files) == written_as(writer, events[:6])
+    # The log itself says it is incomplete.
+    marker = json.loads((tmp_path / f"_dropped-{writer.producer}.json").read_text())
+    assert (marker["producer"], marker["dropped"]) == (writer.producer, 7)
 
 
 @pytest.mark.parametrize("cls", WRITERS)
@@ -274,7 +288,7 @@ def test_a_record_that_cannot_be_encoded_is_dropped_alone(
         for event in [good[0], good[1], bad, good[2], good[3]]:
             writer.emit(event)
     assert (writer.written, writer.dropped) == (4, 1)
-    assert read_back(writer.files) == [event.as_dict() for event in good]
+    assert read_back(writer.files) == written_as(writer, good)
     assert any(e["event"] == "eventlog.unencodable_records" for e in logs)
 
 
@@ -282,7 +296,7 @@ def test_a_record_that_cannot_be_encoded_is_dropped_alone(
 def test_directory_is_created(cls, tmp_path: Path) -> None:
     with cls(tmp_path / "a" / "b") as writer:
         writer.emit(make_events(1)[0])
-    assert writer.files[0].parent == tmp_path / "a" / "b"
+    assert writer.files[0].is_relative_to(tmp_path / "a" / "b")
 
 
 @pytest.mark.parametrize(
@@ -339,3 +353,55 @@ def test_arrow_schema_types(tmp_path: Path) -> None:
     assert schema.field("keys").type == pa.list_(pa.string())
     assert schema.field("error").nullable
     assert not schema.field("settled_at").nullable
+
+
+@pytest.mark.parametrize("cls", WRITERS)
+def test_files_are_laid_out_by_settlement_date_and_hour(cls, tmp_path: Path) -> None:
+    base = make_events(1)[0]
+    hours = [1_700_000_000.0, 1_700_000_000.0 + 3_600, 1_700_000_000.0 + 86_400]
+    events = [base._replace(op_id=n, settled_at=t) for n, t in enumerate(hours)]
+    with cls(tmp_path) as writer:
+        for event in events:
+            writer.emit(event)
+    parts = [str(path.parent.relative_to(tmp_path)) for path in writer.files]
+    assert parts == [
+        "date=2023-11-14/hour=22",
+        "date=2023-11-14/hour=23",
+        "date=2023-11-15/hour=22",
+    ]
+    assert read_back(writer.files) == written_as(writer, events)
+
+
+@pytest.mark.parametrize("cls", WRITERS)
+def test_unpartitioned_writer_writes_flat(cls, tmp_path: Path) -> None:
+    with cls(tmp_path, partitioned=False) as writer:
+        writer.emit(make_events(1)[0])
+    assert [path.parent for path in writer.files] == [tmp_path]
+
+
+@pytest.mark.parametrize("cls", WRITERS)
+def test_an_implausible_time_still_gets_a_partition(cls, tmp_path: Path) -> None:
+    event = make_events(1)[0]
+    with cls(tmp_path) as writer:
+        writer.emit(event._replace(settled_at=1.7e12))
+        writer.emit(event._replace(op_id=2, settled_at=-5.0))
+    assert all(path.parent.name.startswith("hour=") for path in writer.files)
+    assert writer.dropped == 0
+
+
+def test_each_writer_stamps_its_own_producer_id(tmp_path: Path) -> None:
+    event = make_events(1)[0]
+    with JsonLinesWriter(tmp_path / "a") as first, JsonLinesWriter(tmp_path / "b") as second:
+        first.emit(event)
+        second.emit(event)
+        second.emit(event._replace(producer="given"))
+    assert first.producer != second.producer
+    rows = read_back(first.files) + read_back(second.files)
+    assert [row["producer"] for row in rows] == [first.producer, second.producer, "given"]
+
+
+@pytest.mark.parametrize("cls", WRITERS)
+def test_no_marker_without_drops(cls, tmp_path: Path) -> None:
+    with cls(tmp_path) as writer:
+        writer.emit(make_events(1)[0])
+    assert not list(tmp_path.glob("_dropped-*"))

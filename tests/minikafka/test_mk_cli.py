@@ -134,7 +134,7 @@ def test_events_path_that_is_a_file_or_has_no_parent_fails_before_the_run(
 
 
 def read_events(directory: Path) -> list[dict[str, Any]]:
-    files = sorted(directory.glob("*.jsonl"))
+    files = sorted(directory.rglob("*.jsonl"))
     assert files, f"no event files in {directory}"
     return [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
 
@@ -160,7 +160,7 @@ def test_events_can_be_written_as_parquet(tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     events_dir = tmp_path / "events"
     assert run_cli("--events", str(events_dir), "--events-format", "parquet") == 0
-    files = sorted(events_dir.glob("*.parquet"))
+    files = sorted(events_dir.rglob("*.parquet"))
     assert files
     assert pq.read_schema(files[0]).names == list(COLUMNS)
 

@@ -1,0 +1,188 @@
+"""Bad data is counted and said, never silently counted twice or in a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eventlog_reference import START, by_group
+
+from purgatory_aio.analytics.cli import main
+from purgatory_aio.analytics.inputs import TimeRange, find_event_files
+from purgatory_aio.analytics.metrics import meaningful
+from purgatory_aio.analytics.quality import REASONS
+from purgatory_aio.eventlog import JsonLinesWriter, ParquetWriter
+from purgatory_aio.events import OperationEvent
+
+GOOD = OperationEvent("bad", "Op", 1, ["k"], START, START + 1.0, START + 0.5, "completed", None)
+
+#: One record per exclusion reason (Parquet: it can hold NaN), plus one good one.
+BAD = {
+    "non_finite_time": GOOD._replace(op_id=2, settled_at=float("nan")),
+    "implausible_time": GOOD._replace(
+        op_id=3, created_at=START * 1000, deadline=START * 1000 + 1000, settled_at=START * 1000
+    ),
+    "settled_before_created": GOOD._replace(op_id=4, settled_at=START - 5.0),
+    "deadline_before_created": GOOD._replace(op_id=5, deadline=START - 1.0),
+}
+
+
+@pytest.fixture(scope="module")
+def dirty_log(event_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference log, one of its files twice, bad records and a writer's drop marker."""
+    directory = tmp_path_factory.mktemp("dirty")
+    shutil.copytree(event_log, directory / "log")
+    first = sorted((directory / "log").rglob("*.parquet"))[0]
+    shutil.copy(first, first.with_name("copy-" + first.name))
+    with ParquetWriter(directory / "log" / "bad") as writer:
+        for event in [GOOD, *BAD.values()]:
+            writer.emit(event)
+    (directory / "log" / "_dropped-feedface.json").write_text(
+        json.dumps({"producer": "feedface", "dropped": 17, "written": 3})
+    )
+    return directory / "log"
+
+
+@pytest.fixture(scope="module")
+def dirty_report(spark: Any, dirty_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dirty-report") / "report"
+    assert main([str(dirty_log), "--out", str(out)], spark=spark) == 0
+    return out
+
+
+def copied_rows(dirty_log: Path) -> int:
+    import pyarrow.parquet as pq
+
+    (copy,) = dirty_log.rglob("copy-*.parquet")
+    return int(pq.read_metadata(copy).num_rows)
+
+
+@pytest.mark.spark
+def test_exact_duplicates_are_dropped_and_counted(
+    dirty_report: Path, dirty_log: Path, events: list[OperationEvent]
+) -> None:
+    quality = json.loads((dirty_report / "data_quality.json").read_text())
+    assert quality["duplicates_dropped"] == copied_rows(dirty_log)
+    summary = {
+        (r["purgatory"], r["op_type"]): r
+        for r in json.loads((dirty_report / "summary.json").read_text())
+    }
+    for group, members in by_group(events).items():
+        assert summary[group]["count"] == len(members)  # not doubled
+    assert sum(r["duplicates_dropped"] for r in summary.values()) == copied_rows(dirty_log)
+
+
+@pytest.mark.spark
+def test_rows_that_cannot_be_right_are_excluded_by_reason(dirty_report: Path) -> None:
+    quality = json.loads((dirty_report / "data_quality.json").read_text())
+    assert quality["excluded"] == dict.fromkeys(REASONS, 1)
+    (row,) = (
+        r
+        for r in json.loads((dirty_report / "summary.json").read_text())
+        if r["purgatory"] == "bad"
+    )
+    assert row["count"] == 1
+    assert row["excluded"] == dict.fromkeys(REASONS, 1)
+    assert 0 < row["latency_p99"] < 1
+    text = (dirty_report / "report.md").read_text()
+    for meaning in REASONS.values():
+        assert f"| {meaning} | 1 |" in text
+
+
+@pytest.mark.spark
+def test_writer_drops_make_the_input_incomplete(dirty_report: Path) -> None:
+    quality = json.loads((dirty_report / "data_quality.json").read_text())
+    assert quality["dropped_by_writers"] == 17
+    assert quality["complete"] is False
+    assert "**Input incomplete**" in (dirty_report / "report.md").read_text()
+
+
+@pytest.mark.spark
+def test_strict_fails_in_one_line_and_leaves_the_previous_report(
+    capsys, spark: Any, dirty_log: Path, dirty_report: Path
+) -> None:
+    before = {p: p.read_bytes() for p in dirty_report.rglob("*") if p.is_file()}
+    assert main([str(dirty_log), "--out", str(dirty_report), "--strict"], spark=spark) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("purgatory-report: error: --strict: the input has problems")
+    assert "exact duplicate" in err[0]
+    assert "input incomplete" in err[0]
+    assert {p: p.read_bytes() for p in dirty_report.rglob("*") if p.is_file()} == before
+    assert not [p for p in dirty_report.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_since_and_until_prune_date_hour_partitions(tmp_path: Path) -> None:
+    with JsonLinesWriter(tmp_path) as writer:
+        for hour in range(5):
+            writer.emit(GOOD._replace(op_id=hour, settled_at=START + hour * 3600.0))
+    everything = find_event_files(str(tmp_path))
+    assert len(everything.json) == 5
+    # START is 22:13 UTC: hours 22, 23, 00, 01, 02 across two dates.
+    window = TimeRange(since=START + 3600.0, until=START + 3 * 3600.0)
+    chosen = find_event_files(str(tmp_path), window)
+    assert [Path(p).parent.name for p in chosen.json] == ["hour=23", "hour=00", "hour=01"]
+
+
+@pytest.mark.spark
+def test_since_and_until_count_only_their_window(spark: Any, tmp_path: Path) -> None:
+    with JsonLinesWriter(tmp_path / "events") as writer:
+        for hour in range(5):
+            writer.emit(GOOD._replace(op_id=hour, settled_at=START + hour * 3600.0))
+    since = START + 3600.0
+    args = ["--since", str(since), "--until", "2023-11-15T01:00:00"]
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "events"), "--out", str(out), *args], spark=spark) == 0
+    (row,) = json.loads((out / "summary.json").read_text())
+    assert row["count"] == 2  # 23:13 and 00:13; 01:13 is after --until
+    assert "Only operations settled from 2023-11-14T23:13:20Z" in (out / "report.md").read_text()
+
+
+def test_tail_percentiles_are_withheld_where_the_rank_error_spans_the_tail() -> None:
+    assert meaningful(0.9999, 5_000)  # below the accuracy: exact
+    assert meaningful(0.999, 1_000_000)
+    assert not meaningful(0.9999, 1_000_000)
+    assert not meaningful(0.9995, 20_000)
+
+
+@pytest.mark.spark
+def test_hot_key_top_n_equals_a_full_sort(spark: Any) -> None:
+    from purgatory_aio.analytics import metrics
+
+    rows = [("p", "Op", f"key-{n:04d}", (n * 7919) % 503, 0, 0, 0, 0) for n in range(2_000)]
+    columns = ["purgatory", "op_type", "key", "watched", *("completed", "expired", "cancelled")]
+    frame = spark.createDataFrame(rows, [*columns, "shutdown"])
+    found = [(r["rank"], r["key"]) for r in metrics.top_keys(frame, 25).orderBy("rank").collect()]
+    expected = sorted(rows, key=lambda r: (-r[3], r[2]))[:25]
+    assert found == [(rank, r[2]) for rank, r in enumerate(expected, 1)]
+
+
+@pytest.mark.spark
+def test_uris_go_through_hadoop_file_system(
+    spark: Any,
+    event_log: Path,
+    events: list[OperationEvent],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``file:`` URIs taken down the path of ``hdfs://``/``s3a://``: listed, read, the
+    small files copied up and the staging directory renamed, all by Hadoop's file system."""
+    from purgatory_aio.analytics import inputs, output
+
+    def only_plain_paths(location: str) -> bool:
+        return ":" not in location
+
+    monkeypatch.setattr(inputs, "is_local", only_plain_paths)
+    monkeypatch.setattr(output, "is_local", only_plain_paths)
+    target = tmp_path / "remote-report"
+    for _ in range(2):  # the second run replaces the first
+        assert main([event_log.as_uri(), "--out", target.as_uri()], spark=spark) == 0
+    rows = json.loads((target / "summary.json").read_text())
+    assert sum(row["count"] for row in rows) == len(events)
+    assert (target / "report.md").is_file()
+    assert (target / "charts" / "latency.png").is_file()
+    assert (target / "tables" / "hot_keys").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["remote-report"]
