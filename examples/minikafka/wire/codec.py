@@ -54,9 +54,7 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
     return bytes(frame)
 
 
-def api_versions_error(
-    correlation_id: int, error: int, table: list[tuple[int, int, int]]
-) -> bytes:
+def api_versions_error(correlation_id: int, error: int, table: list[tuple[int, int, int]]) -> bytes:
     """An ApiVersions error reply: always the v0 body, whatever version was asked, so that
     a client probing with a version this broker lacks can read it and retry lower."""
     item = nested(ApiVersionsResponseV0, "api_keys")
@@ -74,9 +72,13 @@ def response_schema(api_key: int, version: int) -> type[Any]:
     return load_response_schema(api_key, version)
 
 
-@cache
-def nested(schema: type[Any], name: str) -> type[Any]:
+def nested(schema: Any, name: str) -> type[Any]:
     """The dataclass of the items of ``schema.name`` (an array of structs or a struct)."""
+    return _nested(schema, name)
+
+
+@cache
+def _nested(schema: Any, name: str) -> type[Any]:
     hint = typing.get_type_hints(schema)[name]
     todo = [hint]
     while todo:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.default_records import (  # type: ignore[import-untyped]
+    DefaultRecordBatch,
+    DefaultRecordBatchBuilder,
+)
 
 from ..records import Record
 

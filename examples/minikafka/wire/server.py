@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ class WireCluster:
         for node in range(self.broker_config.brokers):
             port = self.config.port + node if self.config.port else 0
             server = await asyncio.start_server(
-                lambda r, w, node=node: self._serve(node, r, w), self.config.host, port
+                functools.partial(self._serve, node), self.config.host, port
             )
             self._servers.append(server)
             self.ports.append(server.sockets[0].getsockname()[1])
@@ -198,7 +199,7 @@ class Connection:
             if api_key == API_VERSIONS:
                 return api_versions_error(correlation, UNSUPPORTED_VERSION, version_table())
             raise MalformedRequest(f"unsupported API key {api_key} version {version}")
-        client_id, request = decode_request(frame, api_key, version)
+        _client_id, request = decode_request(frame, api_key, version)
         response = await api.handler(self, version, request)
         if response is None:
             return None
@@ -224,10 +225,8 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
     broker_t = nested(schema, "brokers")
     topic_t = nested(schema, "topics")
     partition_t = nested(topic_t, "partitions")
-    if request.topics is None:
-        names = list(replicas.topics())
-    else:
-        names = [t.name for t in request.topics]
+    all_topics = request.topics is None
+    names = list(replicas.topics()) if all_topics else [t.name for t in request.topics]
     allow_create = wire.config.auto_create_topics and getattr(
         request, "allow_auto_topic_creation", True
     )
@@ -292,9 +291,7 @@ async def produce(conn: Connection, version: int, request: Any) -> Any:
             except CorruptRecordBatch as exc:
                 _log.warning("corrupt_batch", peer=conn.peer, partition=str(tp), error=str(exc))
                 errors[tp] = CORRUPT_MESSAGE
-    results: dict[TopicPartition, tuple[int, int]] = {
-        tp: (code, -1) for tp, code in errors.items()
-    }
+    results: dict[TopicPartition, tuple[int, int]] = {tp: (code, -1) for tp, code in errors.items()}
     if records:
         response = await conn.cluster.produce(
             ProduceRequest(records, acks=request.acks, timeout=_ms(request.timeout))
@@ -308,7 +305,11 @@ async def produce(conn: Connection, version: int, request: Any) -> Any:
     partition_t = nested(topic_t, "partition_responses")
     by_topic: dict[str, list[Any]] = {}
     for tp, (code, base) in results.items():
-        fields: dict[str, Any] = {"index": tp.partition, "error_code": _err(code), "base_offset": base}
+        fields: dict[str, Any] = {
+            "index": tp.partition,
+            "error_code": _err(code),
+            "base_offset": base,
+        }
         if version >= 2:
             fields["log_append_time"] = None
         if version >= 5:
@@ -319,8 +320,7 @@ async def produce(conn: Connection, version: int, request: Any) -> Any:
         by_topic.setdefault(tp.topic, []).append(partition_t(**fields))
     return schema(
         responses=tuple(
-            topic_t(name=name, partition_responses=tuple(parts))
-            for name, parts in by_topic.items()
+            topic_t(name=name, partition_responses=tuple(parts)) for name, parts in by_topic.items()
         ),
         throttle_time=datetime.timedelta(0),
     )
