@@ -34,6 +34,8 @@ class Record(NamedTuple):
     delay: float = 0.0
     producer_id: int = -1
     sequence: int = -1
+    #: Kafka record headers, kept for real clients (the simulator sends none).
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def size(self) -> int:

@@ -95,6 +95,10 @@ class ReplicaManager:
     def has_topic(self, topic: str) -> bool:
         return topic in self._topics
 
+    def topics(self) -> tuple[str, ...]:
+        """Every topic's name, in creation order."""
+        return tuple(self._topics)
+
     def topic_partitions(self, topic: str) -> tuple[Partition, ...]:
         return self._topics.get(topic, ())
 
