@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hatchling.builders.config import BuilderConfig
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 #: The modules compiled: everything on the watch, completion and expiry paths.
@@ -131,7 +132,7 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     return package
 
 
-class CompiledCoreHook(BuildHookInterface):  # type: ignore[misc]
+class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
     """Put the compiled core into the wheel (see the module docstring)."""
 
     PLUGIN_NAME = "custom"
