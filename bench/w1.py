@@ -163,6 +163,14 @@ class Contender(Protocol):
     async def finish(self) -> Record: ...
 
 
+def _settle(op: DelayedOperation[None], settlements: Settlements) -> None:
+    """Count one settled operation (and its lateness when it expired)."""
+    if op.expired:
+        settlements.expired_one(_monotonic() - cast(float, op.deadline))
+    else:
+        settlements.completed_one()
+
+
 class W1Op(DelayedOperation[None]):
     """Completed only by ``force_complete`` (W1), as in Kafka's tool."""
 
@@ -173,10 +181,7 @@ class W1Op(DelayedOperation[None]):
         return False
 
     def on_complete(self) -> None:
-        if self.expired:
-            self.settlements.expired_one(_monotonic() - cast(float, self.deadline))
-        else:
-            self.settlements.completed_one()
+        _settle(self, self.settlements)
 
 
 class W1CheckOp(DelayedOperation[None]):
@@ -193,10 +198,7 @@ class W1CheckOp(DelayedOperation[None]):
         return self.ready and self.force_complete()
 
     def on_complete(self) -> None:
-        if self.expired:
-            self.settlements.expired_one(_monotonic() - cast(float, self.deadline))
-        else:
-            self.settlements.completed_one()
+        _settle(self, self.settlements)
 
 
 class W1UserOp(DelayedOperation[None]):
@@ -212,10 +214,7 @@ class W1UserOp(DelayedOperation[None]):
         return False
 
     def on_complete(self) -> None:
-        if self.expired:
-            self.settlements.expired_one(_monotonic() - cast(float, self.deadline))
-        else:
-            self.settlements.completed_one()
+        _settle(self, self.settlements)
 
 
 class PurgatoryContender:
