@@ -1,87 +1,132 @@
-# Every target sets up what it needs: a fresh machine only needs python3 (3.11+) and make.
+# Every target sets up what it needs: a fresh machine only needs python3 (3.11+), make,
+# and a C compiler with the Python headers for the compiled core.
+#
+# Two virtualenvs, each with the library installed from a wheel built here (never the
+# checkout's source): .venv holds the compiled core, .venv-pure the pure-Python one.
+# Both also hold the example broker's own distribution (examples/pyproject.toml).
+# Commands run with PYTHONSAFEPATH=1 and the checkout appended to sys.path by a .pth
+# file, so `tests`, `bench` and `examples` import from the checkout while
+# `purgatory_aio` and `minikafka` resolve to the installed wheels.
+.DEFAULT_GOAL := install
+# Nothing built here is a throwaway intermediate (the venvs' pythons in particular).
+.SECONDARY:
 PYTHON ?= python3
-VENV   ?= .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
-# The compiled core (mypyc): a copy of the package whose hot modules are C extensions.
-# Targets run on it with its directory first on the path and the checkout's own
-# directory not prepended (PYTHONSAFEPATH), so the compiled copy is the one imported.
-COMPILED     := build/mypyc
-COMPILED_OK  := $(COMPILED)/.built
-ON_COMPILED  := PYTHONSAFEPATH=1 PYTHONPATH=$(CURDIR)/$(COMPILED)
 
-.PHONY: install compile wheel test test-pure test-compiled lint bench bench-quick bench-http demo sim clean
+VENV      ?= .venv
+VENV_PURE ?= .venv-pure
+DIST      := dist
+# What goes into each wheel: a change to any of these files rebuilds and reinstalls it.
+CORE_FILES := pyproject.toml hatch_build.py \
+	$(shell find purgatory_aio -type f -not -path '*/__pycache__/*' -not -name '*.py[co]' -not -name '*.so')
+EXAMPLE_FILES := examples/pyproject.toml \
+	$(shell find examples/minikafka -type f -not -path '*/__pycache__/*' -not -name '*.py[co]')
+# Extras of the library and of the examples that the tests, benches and demo use.
+CORE_EXTRAS    := dev
+EXAMPLE_EXTRAS := all
 
-$(BIN)/python:
-	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "purgatory_aio needs Python 3.11+, found " + sys.version'
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@# The fan-out tests start a real redis-server (Debian's package) on a free port.
-	command -v redis-server >/dev/null || { apt-get update && apt-get install -y redis-server; }
-	touch $(STAMP)
-
-install: $(STAMP)
-
-$(COMPILED_OK): $(wildcard purgatory_aio/*.py) $(STAMP)
-	$(BIN)/python -m purgatory_aio._compile --out $(COMPILED)
-	touch $@
-
-compile: $(COMPILED_OK)
-
-# A wheel with the compiled core in it (a plain `pip install .` builds a pure one).
-wheel: install
-	HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 $(BIN)/python -m pip wheel --no-deps -w dist .
-
-# The whole suite runs on both builds of the core: the pure-Python source and the
-# compiled copy. pytest exits 5 when it collected no test: a failure here, never a pass.
-test: test-pure test-compiled
-
-test-pure: install
-	@echo "== tests on the pure-Python core"
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
-
-test-compiled: compile
-	@echo "== tests on the compiled core"
-	@$(ON_COMPILED) $(BIN)/python -c 'import purgatory_aio, sys; sys.exit(not purgatory_aio.compiled)' \
-	  || { echo "make test: the compiled core was not the one imported" >&2; exit 1; }
-	@$(ON_COMPILED) $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
-
-lint: install
-	$(BIN)/ruff check purgatory_aio tests examples bench
-	$(BIN)/ruff format --check purgatory_aio tests examples bench
-	$(BIN)/mypy
-
-# Benchmarks, the simulator and the demo run on the compiled core; BUILD=pure runs
-# them on the pure-Python source instead (the records say which build ran).
+# Benchmarks, the simulator and the demo run on the compiled core; BUILD=pure runs them
+# on the pure-Python one instead (the records say which build ran).
 BUILD ?= compiled
 ifeq ($(BUILD),pure)
-RUN_DEPS :=
-RUN_ENV  :=
+RUN_VENV := $(VENV_PURE)
+else ifeq ($(BUILD),compiled)
+RUN_VENV := $(VENV)
 else
-RUN_DEPS := $(COMPILED_OK)
-RUN_ENV  := $(ON_COMPILED)
+$(error BUILD=$(BUILD): use BUILD=compiled or BUILD=pure)
 endif
+RUN := PYTHONSAFEPATH=1 $(RUN_VENV)/bin
 
-bench: install $(RUN_DEPS)
-	$(RUN_ENV) $(BIN)/python -m bench all
+.PHONY: install install-pure wheel test test-compiled test-pure lint bench bench-quick \
+	bench-http demo sim clean
 
-bench-quick: install $(RUN_DEPS)
-	$(RUN_ENV) $(BIN)/python -m bench all --quick
+# --- wheels ------------------------------------------------------------------------
+# Built in an isolated build env (as `pip install .` does), by the build hook in
+# hatch_build.py. PURGATORY_AIO_BUILD=compiled fails loudly without a C compiler.
+$(DIST)/%/.built: $(CORE_FILES) | $(VENV)/bin/python
+	rm -rf $(DIST)/$*
+	PURGATORY_AIO_BUILD=$* $(VENV)/bin/python -m pip wheel --quiet --no-deps -w $(DIST)/$* .
+	touch $@
 
-bench-http: install $(RUN_DEPS)
-	$(RUN_ENV) $(BIN)/python -m bench http
+$(DIST)/examples/.built: $(EXAMPLE_FILES) | $(VENV)/bin/python
+	rm -rf $(DIST)/examples
+	$(VENV)/bin/python -m pip wheel --quiet --no-deps -w $(DIST)/examples ./examples
+	touch $@
 
-sim: install $(RUN_DEPS)
-	$(RUN_ENV) $(BIN)/purgatory-sim --virtual-time --duration 120 --faults all
+wheel: $(DIST)/compiled/.built $(DIST)/pure/.built $(DIST)/examples/.built
+	@ls $(DIST)/*/*.whl
 
-demo: install $(RUN_DEPS)
-	$(RUN_ENV) $(BIN)/python -m examples.demo
+# --- virtualenvs -------------------------------------------------------------------
+%/bin/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "purgatory_aio needs Python 3.11+, found " + sys.version'
+	$(PYTHON) -m venv $*
+	$*/bin/python -m pip install --quiet --upgrade pip
+
+# $(1): the venv, $(2): the core build it gets. The wheels are reinstalled whenever
+# rebuilt (same version number, hence --force-reinstall); the dependencies only once.
+define install_into
+	@# The fan-out tests start a real redis-server (Debian's package) on a free port.
+	command -v redis-server >/dev/null || { apt-get update && apt-get install -y redis-server; }
+	$(1)/bin/python -m pip install --quiet --force-reinstall --no-deps \
+	  $(DIST)/$(2)/*.whl $(DIST)/examples/*.whl
+	$(1)/bin/python -m pip install --quiet \
+	  "$$(ls $(DIST)/$(2)/*.whl)[$(CORE_EXTRAS)]" "$$(ls $(DIST)/examples/*.whl)[$(EXAMPLE_EXTRAS)]"
+	echo "$(CURDIR)" > "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_purgatory_aio_checkout.pth"
+	cd / && $(CURDIR)/$(1)/bin/python -c 'import purgatory_aio, sys; \
+	  sys.exit(f"$(1) imports purgatory_aio.compiled={purgatory_aio.compiled}, wanted $(2)" \
+	           if purgatory_aio.compiled != ("$(2)" == "compiled") else 0)'
+	touch $(1)/.installed
+endef
+
+$(VENV)/.installed: $(DIST)/compiled/.built $(DIST)/examples/.built | $(VENV)/bin/python
+	$(call install_into,$(VENV),compiled)
+
+$(VENV_PURE)/.installed: $(DIST)/pure/.built $(DIST)/examples/.built | $(VENV_PURE)/bin/python
+	$(call install_into,$(VENV_PURE),pure)
+
+install: $(VENV)/.installed
+install-pure: $(VENV_PURE)/.installed
+
+# --- tests -------------------------------------------------------------------------
+# The whole suite runs against each installed build; conftest checks that the
+# installed package is the one imported, and of the build asked for here.
+# pytest exits 5 when it collected no test: a failure here, never a pass.
+define pytest_on
+	@echo "== tests on the $(2) core ($(1))"
+	@PYTHONSAFEPATH=1 PURGATORY_AIO_EXPECT_BUILD=$(2) PURGATORY_AIO_WHEEL_DIR=$(CURDIR)/$(DIST)/$(2) \
+	  PURGATORY_AIO_EXAMPLES_WHEEL_DIR=$(CURDIR)/$(DIST)/examples \
+	  $(1)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+endef
+
+test: test-compiled test-pure
+
+test-compiled: $(VENV)/.installed
+	$(call pytest_on,$(VENV),compiled)
+
+test-pure: $(VENV_PURE)/.installed
+	$(call pytest_on,$(VENV_PURE),pure)
+
+lint: install
+	$(VENV)/bin/ruff check purgatory_aio tests examples bench hatch_build.py
+	$(VENV)/bin/ruff format --check purgatory_aio tests examples bench hatch_build.py
+	$(VENV)/bin/mypy
+
+# --- running -----------------------------------------------------------------------
+bench: $(RUN_VENV)/.installed
+	$(RUN)/python -m bench all
+
+bench-quick: $(RUN_VENV)/.installed
+	$(RUN)/python -m bench all --quick
+
+bench-http: $(RUN_VENV)/.installed
+	$(RUN)/python -m bench http
+
+sim: $(RUN_VENV)/.installed
+	$(RUN)/purgatory-sim --virtual-time --duration 120 --faults all
+
+demo: $(RUN_VENV)/.installed
+	$(RUN)/python -m examples.demo
 
 clean:
-	rm -rf $(VENV) $(COMPILED) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VENV_PURE) $(DIST) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

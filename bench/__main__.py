@@ -27,7 +27,7 @@ DELEGATED = {
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
     "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
 }
-SUITE = ("w1", "w1-check", "w2", "w3", "w4", "memory", "sweep")
+SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +52,11 @@ _WORKLOADS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ..
     (
         "w1",
         "purgatory throughput, completion by force_complete",
+        lambda p: w1.add_arguments(p, check=False),
+    ),
+    (
+        "w1-user",
+        "W1 with a user-style operation class (no __slots__), against Kafka's Java figure",
         lambda p: w1.add_arguments(p, check=False),
     ),
     (
@@ -93,6 +98,9 @@ def run_workload(name: str, args: argparse.Namespace, progress: Progress) -> lis
     out: Path | None = args.results_dir
     runners: dict[str, Callable[[], list[Record]]] = {
         "w1": lambda: w1.run(w1.params_from_args(args, check=False), loops, progress, out),
+        "w1-user": lambda: w1.run(
+            w1.params_from_args(args, check=False, user=True), loops, progress, out
+        ),
         "w1-check": lambda: w1.run(w1.params_from_args(args, check=True), loops, progress, out),
         "w2": lambda: w2.run(w2.params_from_args(args), loops, progress, out),
         "w3": lambda: w3.run(w3.params_from_args(args), loops, progress, out),

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._common import Progress, Record
 
-ORDER = ("w1", "w1-check", "w2", "w3", "w4", "memory", "sweep")
+ORDER = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 CHARTS = {
     "cost_vs_pending.png": "Cost per operation against the pending count (W3, W2)",
     "lateness.png": "Expiration lateness distribution (W4, W1)",
@@ -295,7 +295,7 @@ def _lateness_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
 
 
 def _w1_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
-    records = _by(chosen, "w1") + _by(chosen, "w1-check")
+    records = _by(chosen, "w1") + _by(chosen, "w1-user") + _by(chosen, "w1-check")
     if not records:
         return None
     fig, ax = plt.subplots(figsize=(9, 4.5))

@@ -1,7 +1,7 @@
 """What the compiled build of the core needs from the source.
 
 The hot modules (timer, wheel, operation, purgatory, callbacks) can be compiled
-to C extension modules with mypyc (``python -m purgatory_aio._compile``); the
+to C extension modules with mypyc (``python hatch_build.py``); the
 same source runs unchanged as pure Python. Compiled classes cannot be
 subclassed by interpreted code unless they say so, which is what
 ``mypyc_attr(allow_interpreted_subclasses=True)`` does for the classes users

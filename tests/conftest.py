@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 import structlog
 
+# The suite runs against the INSTALLED package (make test builds a wheel and installs
+# it), never the checkout's source. `python -m pytest` puts the checkout first on
+# sys.path, where its purgatory_aio would shadow the installed one: move it last
+# (tests, bench and examples still import from it), before anything imports the
+# package. Subprocesses the tests start get the same rule from PYTHONSAFEPATH.
+CHECKOUT = Path(__file__).resolve().parent.parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != CHECKOUT]
+sys.path.append(str(CHECKOUT))
+os.environ["PYTHONSAFEPATH"] = "1"
+
+import purgatory_aio
 from purgatory_aio.testing import ManualClock
 
 try:
@@ -27,7 +41,26 @@ if uvloop is not None:
     LOOPS["uvloop"] = uvloop.new_event_loop
 
 
+def check_installed_package() -> None:
+    """Fail the session unless the installed build the Makefile asked for is imported."""
+    where = Path(purgatory_aio.__file__ or "").resolve()
+    if where.is_relative_to(CHECKOUT / "purgatory_aio"):
+        raise pytest.UsageError(
+            f"purgatory_aio was imported from the checkout ({where}), not an installed wheel: "
+            "run `make test` (or `make install`, then .venv/bin/python -m pytest)"
+        )
+    expected = os.environ.get("PURGATORY_AIO_EXPECT_BUILD")
+    if expected not in (None, "compiled", "pure"):
+        raise pytest.UsageError(f"PURGATORY_AIO_EXPECT_BUILD={expected!r}: compiled or pure")
+    if expected is not None and purgatory_aio.compiled != (expected == "compiled"):
+        raise pytest.UsageError(
+            f"the {expected} build was asked for, but {where.parent} has "
+            f"purgatory_aio.compiled={purgatory_aio.compiled}"
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    check_installed_package()
     config.addinivalue_line(
         "markers", "one_loop: run this async test on the standard asyncio loop only"
     )

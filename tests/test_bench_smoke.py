@@ -59,6 +59,17 @@ def test_w1_contenders_settle_every_operation(tmp_path: Path) -> None:
         assert contenders["purgatory"]["lateness"]["early"] == 0
 
 
+def test_w1_user_runs_a_user_style_operation_against_kafkas_figure(tmp_path: Path) -> None:
+    records = w1.run(w1.W1Params(n=2_000, user=True), LOOPS, QUIET, tmp_path)
+    assert_records(records, "w1-user", tmp_path)
+    assert "__slots__" not in vars(w1.W1UserOp)
+    for record in records:
+        for run in record["results"]["contenders"].values():
+            assert run["settled"] == run["completed"] + run["expired"] == 2_000
+        assert "net_cpu_per_op purgatory/kafka_java" in record["ratios"]
+        assert len(record["goals"]) == 2
+
+
 def test_w1_check_completes_through_key_checks(tmp_path: Path) -> None:
     params = w1.W1Params(n=2_000, check=True, inflight=500)
     records = w1.run(params, LOOPS, QUIET, tmp_path)

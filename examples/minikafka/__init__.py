@@ -8,6 +8,15 @@ creation. :mod:`minikafka.clients` has a producer and a group consumer;
 injected faults, in real or virtual time.
 """
 
+# One import name per module: from a checkout, examples/minikafka is also reachable
+# as examples.minikafka, which would load every file a second time as different
+# classes. The installed distribution (examples/pyproject.toml) is the one name.
+if __name__ != "minikafka":
+    raise ImportError(
+        f"import the example broker as 'minikafka', not {__name__!r}: it is its own "
+        "distribution (pip install ./examples, or make install)"
+    )
+
 from .broker import BrokerConfig as BrokerConfig
 from .broker import Cluster as Cluster
 from .clients import Consumer as Consumer

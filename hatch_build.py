@@ -1,0 +1,217 @@
+"""Build tooling for the compiled core (never installed, never imported at run time).
+
+Two uses:
+
+* hatchling's custom build hook (hatch's conventional ``hatch_build.py``): every
+  wheel build compiles the hot modules of ``purgatory_aio`` with mypyc and ships
+  the extensions beside their sources. ``PURGATORY_AIO_BUILD`` chooses:
+
+  - ``auto`` (default): compiled when a C compiler and the Python headers are
+    present, otherwise pure Python with one line saying so;
+  - ``compiled``: compiled or a build error naming what is missing;
+  - ``pure``: pure Python, nothing compiled (and no mypy in the build env).
+
+  Editable installs are always pure: an edit must never be shadowed by a stale
+  extension.
+
+* a script, ``python hatch_build.py --out build/mypyc``: a compiled copy of the
+  package in a directory, for profiling the extensions without installing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hatchling.builders.config import BuilderConfig
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+#: The modules compiled: everything on the watch, completion and expiry paths.
+#: The one list to edit when a core module is added; a listed module that does
+#: not exist fails the build.
+COMPILED_MODULES = (
+    "_bucket",
+    "_wheel",
+    "_states",
+    "_validation",
+    "_timer",
+    "_watches",
+    "_lifecycle",
+    "_operation",
+    "_purgatory",
+)
+
+#: What compiling needs in the build environment (mypyc type-checks the modules,
+#: so the package's own dependencies must be importable too).
+COMPILE_REQUIRES = ["mypy>=1.10", "setuptools>=65", "anyio>=4.4", "structlog>=24.1"]
+
+ENV_VAR = "PURGATORY_AIO_BUILD"
+MODES = ("auto", "compiled", "pure")
+
+_ROOT = Path(__file__).resolve().parent
+_PACKAGE = "purgatory_aio"
+
+
+class BuildError(RuntimeError):
+    """The compiled build was asked for and cannot be made."""
+
+
+def requested_mode() -> str:
+    """The build mode from ``PURGATORY_AIO_BUILD`` (``auto`` when unset)."""
+    mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise BuildError(f"{ENV_VAR}={mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def missing_toolchain() -> str | None:
+    """Why a C extension cannot be built here, or None when it can."""
+    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    argv = shlex.split(compiler)
+    if not argv or shutil.which(argv[0]) is None:
+        return f"no C compiler ({argv[0] if argv else compiler!r} not found)"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        return f"no Python headers ({headers} not found; install python3-dev)"
+    return None
+
+
+def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> Path:
+    """Compile a copy of the package into ``out`` (replacing what was there).
+
+    Returns the package directory: the sources plus one extension per module of
+    :data:`COMPILED_MODULES`; mypyc's shared runtime library lands in ``out``.
+    """
+    missing = [name for name in COMPILED_MODULES if not (source / f"{name}.py").is_file()]
+    if missing:
+        raise BuildError(
+            f"COMPILED_MODULES in {Path(__file__).name} lists modules that do not exist in "
+            f"{source}: {', '.join(missing)}"
+        )
+    try:
+        from mypyc.build import mypycify
+        from setuptools import setup
+    except ImportError as exc:
+        raise BuildError(
+            f"compiling needs {', '.join(COMPILE_REQUIRES[:2])} ({exc.name} is missing)"
+        ) from None
+    out = out.resolve()
+    package = out / _PACKAGE
+    if package.exists():
+        shutil.rmtree(package)
+    for stale in out.glob("*__mypyc*"):
+        stale.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    sources = [f"{_PACKAGE}/{name}.py" for name in COMPILED_MODULES]
+    cwd = Path.cwd()
+    os.chdir(out)
+    try:
+        setup(
+            name="purgatory-aio-compiled",
+            packages=[],
+            py_modules=[],
+            ext_modules=mypycify(sources, opt_level="3", debug_level="0"),
+            script_args=["-q" if quiet else "-v", "build_ext", "--inplace", "--build-temp", "tmp"],
+        )
+    finally:
+        os.chdir(cwd)
+    shutil.rmtree(out / "tmp", ignore_errors=True)
+    shutil.rmtree(out / "build", ignore_errors=True)
+    built = {path.name.split(".", 1)[0] for path in package.glob("*.so")}
+    absent = sorted(set(COMPILED_MODULES) - built)
+    if absent:
+        raise BuildError(f"mypyc produced no extension for: {', '.join(absent)}")
+    return package
+
+
+class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
+    """Put the compiled core into the wheel (see the module docstring)."""
+
+    PLUGIN_NAME = "custom"
+
+    def _mode(self, version: str) -> str:
+        if self.target_name != "wheel" or version == "editable":
+            return "pure"
+        return requested_mode()
+
+    def dependencies(self) -> list[str]:
+        # Only a build that may compile pulls mypy into the isolated build env.
+        return [] if requested_mode() == "pure" else list(COMPILE_REQUIRES)
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        mode = self._mode(version)
+        if mode == "pure":
+            return
+        missing = missing_toolchain()
+        if missing is not None:
+            if mode == "compiled":
+                raise BuildError(
+                    f"{ENV_VAR}=compiled but {missing}: install a C compiler and the Python "
+                    f"headers, or build the pure-Python core with {ENV_VAR}=pure"
+                )
+            self.app.display_warning(
+                f"purgatory-aio: {missing}; building the pure-Python core "
+                f"(slower; {ENV_VAR}=compiled makes this an error)"
+            )
+            return
+        self._workdir = tempfile.TemporaryDirectory(prefix="purgatory-aio-mypyc-")
+        out = Path(self._workdir.name)
+        started = time.monotonic()
+        package = build(out, source=Path(self.root) / _PACKAGE)
+        force_include = build_data.setdefault("force_include", {})
+        for extension in package.glob("*.so"):
+            force_include[str(extension)] = f"{_PACKAGE}/{extension.name}"
+        for runtime in out.glob("*__mypyc*.so"):
+            force_include[str(runtime)] = runtime.name
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        self.app.display_info(
+            f"purgatory-aio: compiled {len(COMPILED_MODULES)} core modules with mypyc "
+            f"in {time.monotonic() - started:.0f} s"
+        )
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        workdir = getattr(self, "_workdir", None)
+        if workdir is not None:
+            workdir.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="python hatch_build.py",
+        description="Compile a copy of purgatory_aio's core into a directory (mypyc).",
+        epilog=doc.split("\n\n")[0],
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/mypyc"))
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    missing = missing_toolchain()
+    if missing is not None:
+        print(f"cannot compile: {missing}", file=sys.stderr)
+        return 1
+    started = time.monotonic()
+    try:
+        package = build(args.out, quiet=not args.verbose)
+    except BuildError as exc:
+        print(f"cannot compile: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"compiled {len(COMPILED_MODULES)} modules into {package} "
+        f"in {time.monotonic() - started:.0f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
