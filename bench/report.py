@@ -154,7 +154,7 @@ def write_summary(
         "",
         "P = purgatory, N = naive-futures baseline. The loop column names the event loop;",
         '"pure" marks a run on the pure-Python build of the core, the others ran on the',
-        "compiled one (`python -m purgatory_aio._compile`).",
+        "compiled one (`make`; `python hatch_build.py --out DIR` for a copy).",
         "",
         "| workload | loop | date (UTC) | commit | load | figure | value |",
         "|---|---|---|---|---|---|---|",
