@@ -480,14 +480,6 @@ class _Detached(Lifecycle):
     def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
         _log.error("callback_error", op=repr(op), stage=stage, exc_info=exc)
 
-    def _settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
-        op._outcome = outcome
-        op._state |= SETTLED | FAILED if failed else SETTLED
-        waiter = op._waiter
-        if waiter is not None:
-            op._waiter = None
-            _release(waiter)
-
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._orphans.add(task)
