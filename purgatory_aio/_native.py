@@ -5,8 +5,10 @@ to C extension modules with mypyc (``python hatch_build.py``); the
 same source runs unchanged as pure Python. Compiled classes cannot be
 subclassed by interpreted code unless they say so, which is what
 ``mypyc_attr(allow_interpreted_subclasses=True)`` does for the classes users
-and the rest of the package extend. Without mypy_extensions installed (a pure
-install), the decorator is a no-op.
+extend (``DelayedOperation``, ``TimerEntry``). ``Purgatory`` and ``Timer`` are
+final on both builds instead: the pure classes refuse subclasses through
+:func:`refuse_subclass`, as the compiled ones do by themselves. Without
+mypy_extensions installed (a pure install), the decorator is a no-op.
 """
 
 from __future__ import annotations
@@ -27,4 +29,12 @@ except ImportError:  # pragma: no cover - mypy_extensions comes with the dev ins
         return keep
 
 
-__all__ = ["mypyc_attr"]
+def refuse_subclass(base: str, subclass: type) -> TypeError:
+    """The error a final class of the core raises for an attempted subclass."""
+    return TypeError(
+        f"{base} is final and cannot be subclassed (by {subclass.__qualname__}): "
+        f"hold a {base} in your own class instead"
+    )
+
+
+__all__ = ["mypyc_attr", "refuse_subclass"]

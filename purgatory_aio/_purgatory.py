@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Hashable, Iterable
-from typing import Any, Final, SupportsFloat, SupportsIndex, TypeVar
+from typing import Any, Final, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import PurgatoryClosed
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
-from ._native import mypyc_attr
+from ._native import refuse_subclass
 from ._operation import DelayedOperation
 from ._stats import PurgatoryStats
 from ._timer import Timer
@@ -32,7 +32,7 @@ _log: Final = get_logger("purgatory_aio.purgatory")
 R = TypeVar("R")
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
+@final
 class Purgatory:
     """Holds delayed operations until their condition holds or their deadline passes.
 
@@ -56,11 +56,18 @@ class Purgatory:
         offload_threads: worker threads the offloaded callbacks may use at once.
         log_operations: log every settled operation at debug level.
 
-    It may be subclassed; it takes no weak references (on either build: the
-    compiled class has no slot for them, so the pure one declares none either).
+    It is final and takes no weak references, on both builds (the compiled class
+    has no slot for them, so the pure one declares none either).
     """
 
     __slots__ = ("_clock", "_life", "_shutdown_task", "_store", "_timer", "name")
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Final on both builds. The compiled class refuses interpreted subclasses by
+        # itself; allowing them (and Timer's) costs every internal method call a check
+        # for an override: 196 instructions per watched-and-completed operation
+        # (16,968 -> 16,772 compiled, callgrind), about 1.2 %.
+        raise refuse_subclass("Purgatory", cls)
 
     def __init__(
         self,

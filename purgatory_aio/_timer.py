@@ -26,13 +26,13 @@ import math
 from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
-from typing import Any, Final, SupportsFloat, SupportsIndex
+from typing import Any, Final, SupportsFloat, SupportsIndex, final
 
 from ._bucket import Bucket, Carry
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
 from ._errors import FATAL
 from ._logging import get_logger
-from ._native import mypyc_attr
+from ._native import mypyc_attr, refuse_subclass
 from ._validation import (
     check_callable,
     check_instant,
@@ -144,7 +144,7 @@ class TimerHandle(TimerEntry):
         return f"<TimerHandle {state} when={getattr(self, '_deadline', None)} {self._callback!r}>"
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
+@final
 class Timer:
     """Masses of timeouts at O(1) per add and cancel, on one asyncio reaper.
 
@@ -167,8 +167,8 @@ class Timer:
 
     A timer can be created anywhere, but it belongs to the event loop it is
     first used on and, like asyncio's own scheduling calls, must be used from
-    that loop's thread, from a coroutine or callback running on it. It may be
-    subclassed; it takes no weak references (neither build does).
+    that loop's thread, from a coroutine or callback running on it. It is final
+    and takes no weak references, on both builds.
     """
 
     __slots__ = (
@@ -194,6 +194,10 @@ class Timer:
         "horizon",
         "wakeups",
     )
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Final on both builds, as Purgatory (see there for what it buys).
+        raise refuse_subclass("Timer", cls)
 
     def __init__(
         self,

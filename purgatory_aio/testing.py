@@ -28,6 +28,10 @@ __all__ = ["ManualClock"]
 
 #: 2026-01-01T00:00:00Z: virtual time 0 maps to a fixed, plausible wall-clock instant.
 DEFAULT_EPOCH = 1_767_225_600.0
+#: Passes of the loop with nothing visibly changing after which woken tasks are taken to
+#: be blocked again, and the most passes one settling step makes.
+_QUIET_PASSES = 3
+_MAX_PASSES = 1000
 
 
 class _ManualHandle:
@@ -67,6 +71,7 @@ class ManualClock:
         self._stall_timeout = check_seconds(stall_timeout, "stall_timeout")
         self._heap: list[tuple[float, int, _ManualHandle]] = []
         self._seq = itertools.count()
+        self._armed = 0  # wake-ups ever armed: one of the signs of activity _settle watches
         self._sleepers: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
         # Held strongly (the compiled Purgatory cannot be weakly referenced) and dropped
         # once closed with nothing left running.
@@ -81,6 +86,7 @@ class ManualClock:
 
     def call_at(self, when: float, callback: Callable[[], object]) -> _ManualHandle:
         handle = _ManualHandle(when, callback)
+        self._armed += 1
         heapq.heappush(self._heap, (when, next(self._seq), handle))
         return handle
 
@@ -141,14 +147,8 @@ class ManualClock:
 
     async def _settle(self) -> None:
         """Run the loop until the tasks woken so far are blocked again."""
-        loop = asyncio.get_running_loop()
-        ready = getattr(loop, "_ready", None)  # asyncio's run queue; uvloop has none
         while True:
-            # Each pass yields once to the loop; stop early once asyncio's queue is empty.
-            for _ in range(20 if ready is None else 1000):
-                await asyncio.sleep(0)
-                if ready is not None and not ready:
-                    break
+            await self._run_until_quiet()
             busy: list[asyncio.Task[object]] = []
             for key, owner in list(self._watched.items()):
                 tasks = owner.busy_tasks()
@@ -164,6 +164,32 @@ class ManualClock:
             )
             if not done:
                 return
+
+    def _activity(self) -> tuple[int, int, int]:
+        """What visibly changes while woken tasks still run: wake-ups armed and
+        pending, tasks sleeping on this clock."""
+        return (self._armed, len(self._heap), len(self._sleepers))
+
+    async def _run_until_quiet(self) -> None:
+        """Yield to the loop until nothing visible changes for a few passes.
+
+        Each ``sleep(0)`` lets every callback already queued run once. A chain of
+        wake-ups (a future set, a task woken, which sets another future...) shows
+        itself through armed wake-ups, sleepers or tasks starting and ending; a few
+        unchanged passes in a row mean the chain has run out.
+        """
+        last = self._activity()
+        quiet = 0
+        for _ in range(_MAX_PASSES):
+            await asyncio.sleep(0)
+            now = self._activity()
+            if now == last:
+                quiet += 1
+                if quiet >= _QUIET_PASSES:
+                    return
+            else:
+                quiet = 0
+                last = now
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self._now})"
