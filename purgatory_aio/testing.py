@@ -30,7 +30,7 @@ __all__ = ["ManualClock"]
 DEFAULT_EPOCH = 1_767_225_600.0
 #: Passes of the loop with nothing visibly changing after which woken tasks are taken to
 #: be blocked again, and the most passes one settling step makes.
-_QUIET_PASSES = 3
+_QUIET_PASSES = 10
 _MAX_PASSES = 1000
 
 

@@ -439,3 +439,30 @@ def test_a_timer_refuses_a_second_event_loop() -> None:
     asyncio.run(schedule())
     with pytest.raises(RuntimeError, match="another event loop"):
         asyncio.run(schedule())
+
+
+async def test_advance_lets_a_chain_of_woken_tasks_finish_before_time_moves_on() -> None:
+    # Eight tasks hand a token on through queues: nothing the clock can see changes
+    # between the hops, yet every hop must run at t=1, before the wake-up due at t=2.
+    clock = ManualClock()
+    queues: list[asyncio.Queue[int]] = [asyncio.Queue() for _ in range(9)]
+    seen: list[float] = []
+
+    async def first() -> None:
+        await clock.sleep(1.0)
+        await queues[0].put(0)
+
+    async def hop(i: int) -> None:
+        token = await queues[i].get()
+        seen.append(clock.time())
+        await queues[i + 1].put(token + 1)
+
+    async def later() -> None:
+        await clock.sleep(2.0)
+
+    tasks = [asyncio.create_task(first()), asyncio.create_task(later())]
+    tasks += [asyncio.create_task(hop(i)) for i in range(8)]
+    await clock.advance(3.0)
+    assert seen == [1.0] * 8
+    assert queues[8].get_nowait() == 8
+    await asyncio.gather(*tasks)
