@@ -54,6 +54,11 @@ class ManualClock:
     through every wake-up due by the target time in order, setting the clock to
     each one's instant, and after each lets the tasks it woke run and the
     callbacks they started (async ``on_complete``, thread offloads) finish.
+    It sees only public signs of activity (wake-ups armed on it, sleepers, the
+    purgatories' callback tasks), so it takes woken tasks to be blocked again
+    after ten loop passes in which none of these changed: a chain of more hand-offs
+    between tasks that touch none of them (queues, events) may finish only after
+    time has moved on.
 
     Args:
         start: the initial reading, in seconds.
