@@ -175,8 +175,7 @@ class Lifecycle:
             self._store.watch(op, watch_keys)
         else:
             self._store.watch_threshold(op, watch_keys[0], threshold)
-        if op._state & ENDED:
-            return False
+        # Ended meanwhile (another thread)? try_guarded declines, and the timer is skipped.
         if try_guarded(op):
             return True
         if not op._state & ENDED:
