@@ -24,6 +24,7 @@ from ..protocol import (
     TopicSpec,
 )
 from ..records import Record, TopicPartition
+from . import groups
 from .codec import (
     MalformedRequest,
     api_versions_error,
@@ -86,6 +87,7 @@ class WireCluster:
         self.broker_config = broker
         self.config = wire or WireConfig()
         self.cluster = Cluster(broker)
+        self.groups = groups.WireGroupCoordinator(self.cluster, broker)
         self.ports: list[int] = []
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[None]] = set()
@@ -497,6 +499,13 @@ APIS: dict[int, Api] = {
     LIST_OFFSETS: Api(1, 7, list_offsets),
     METADATA: Api(1, 12, metadata),
     API_VERSIONS: Api(0, 3, api_versions),
+    groups.OFFSET_COMMIT: Api(2, 9, groups.offset_commit),
+    groups.OFFSET_FETCH: Api(1, 9, groups.offset_fetch),
+    groups.FIND_COORDINATOR: Api(0, 6, groups.find_coordinator),
+    groups.JOIN_GROUP: Api(0, 9, groups.join_group),
+    groups.HEARTBEAT: Api(0, 4, groups.heartbeat),
+    groups.LEAVE_GROUP: Api(0, 5, groups.leave_group),
+    groups.SYNC_GROUP: Api(0, 5, groups.sync_group),
     CREATE_TOPICS: Api(2, 5, create_topics),
     INIT_PRODUCER_ID: Api(0, 4, init_producer_id),
 }
