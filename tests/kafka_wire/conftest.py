@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -14,6 +15,8 @@ pytest.importorskip("confluent_kafka")
 
 from minikafka.broker.config import BrokerConfig
 from minikafka.wire.server import WireCluster, WireConfig
+
+T = TypeVar("T")
 
 
 class RunningBroker:
@@ -47,6 +50,18 @@ class RunningBroker:
         async with self.wire:
             self._ready.set()
             await self._stop.wait()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the broker's loop (the cluster is not thread-safe)."""
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def purgatory_stats(self, name: str) -> dict[str, int | str]:
+        """The plain-dict stats of one of the cluster's purgatories, read on its loop."""
+        return self.call(lambda: self.wire.cluster.purgatories[name].stats().as_dict())
 
     def stop(self) -> None:
         assert self._stop is not None

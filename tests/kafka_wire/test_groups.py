@@ -847,25 +847,12 @@ def test_kafka_python_group_takes_over_after_close(groups_broker: RunningBroker)
         one.close()
 
 
-def _metadata_v5_served(broker: RunningBroker) -> bool:
-    conn = Raw(broker)
-    try:
-        conn.call(3, 5, topics=None, allow_auto_topic_creation=True)
-        return True
-    except ConnectionError:
-        return False
-    finally:
-        conn.close()
-
-
 def test_aiokafka_group_of_two_splits_partitions(groups_broker: RunningBroker) -> None:
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
 
     produce(groups_broker, {p: 3 for p in range(PARTITIONS)})
-    if not _metadata_v5_served(groups_broker):
-        pytest.skip("aiokafka needs Metadata v5, which the broker does not serve yet")
 
     async def run() -> list[set[int]]:
         consumers = [

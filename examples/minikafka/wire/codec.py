@@ -72,6 +72,21 @@ def response_schema(api_key: int, version: int) -> type[Any]:
     return load_response_schema(api_key, version)
 
 
+def build(schema: Any, **fields: Any) -> Any:
+    """``schema(**fields)`` without the fields this version of the schema lacks.
+
+    Handlers fill in every field any version has; each version keeps its own. A field the
+    version needs but ``fields`` lacks still fails, as it should.
+    """
+    names = _field_names(schema)
+    return schema(**{name: value for name, value in fields.items() if name in names})
+
+
+@cache
+def _field_names(schema: Any) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(schema))
+
+
 def nested(schema: Any, name: str) -> type[Any]:
     """The dataclass of the items of ``schema.name`` (an array of structs or a struct)."""
     return _nested(schema, name)
@@ -92,6 +107,7 @@ def _nested(schema: Any, name: str) -> type[Any]:
 __all__ = [
     "MalformedRequest",
     "api_versions_error",
+    "build",
     "decode_request",
     "encode_response",
     "nested",

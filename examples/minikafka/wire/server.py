@@ -28,6 +28,7 @@ from . import groups
 from .codec import (
     MalformedRequest,
     api_versions_error,
+    build,
     decode_request,
     encode_response,
     nested,
@@ -215,9 +216,7 @@ async def api_versions(conn: Connection, version: int, request: Any) -> Any:
     schema = response_schema(API_VERSIONS, version)
     item = nested(schema, "api_keys")
     keys = tuple(item(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in version_table())
-    if version == 0:
-        return schema(error_code=_err(0), api_keys=keys)
-    return schema(error_code=_err(0), api_keys=keys, throttle_time=datetime.timedelta(0))
+    return build(schema, error_code=_err(0), api_keys=keys, throttle_time=datetime.timedelta(0))
 
 
 async def metadata(conn: Connection, version: int, request: Any) -> Any:
@@ -234,9 +233,7 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
     )
     topics = []
     for name in names:
-        extra: dict[str, Any] = {}
-        if version >= 10:
-            extra["topic_id"] = wire.topic_id(name)
+        extra: dict[str, Any] = {"topic_id": wire.topic_id(name)}  # v10+
         meta = conn.cluster.metadata(name)
         if meta is None:
             if allow_create and name:
@@ -244,32 +241,36 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
                 error = ErrorCode.LEADER_NOT_AVAILABLE
             else:
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            topics.append(topic_t(error_code=_err(int(error)), name=name, partitions=(), **extra))
+            topics.append(
+                build(topic_t, error_code=_err(int(error)), name=name, partitions=(), **extra)
+            )
             continue
         partitions = tuple(
-            partition_t(
+            build(
+                partition_t,
                 error_code=_err(0 if p.leader is not None else int(ErrorCode.LEADER_NOT_AVAILABLE)),
                 partition_index=p.partition,
                 leader_id=p.leader if p.leader is not None else -1,
-                leader_epoch=-1,  # no epochs: librdkafka then skips OffsetForLeaderEpoch
+                leader_epoch=-1,  # v7+; no epochs: clients then skip OffsetForLeaderEpoch
                 replica_nodes=p.replicas,
                 isr_nodes=p.isr,
-                offline_replicas=(),
+                offline_replicas=(),  # v5+
             )
             for p in meta.partitions
         )
-        topics.append(topic_t(error_code=_err(0), name=name, partitions=partitions, **extra))
+        topics.append(build(topic_t, error_code=_err(0), name=name, partitions=partitions, **extra))
     brokers = tuple(
-        broker_t(node_id=node, host=wire.config.host, port=port, rack=None)
+        build(broker_t, node_id=node, host=wire.config.host, port=port, rack=None)
         for node, port in enumerate(wire.ports)
     )
-    fields: dict[str, Any] = {"brokers": brokers, "topics": tuple(topics)}
-    if version >= 2:
-        fields["cluster_id"] = "purgatory-aio"
-    fields["controller_id"] = 0
-    if version >= 3:
-        fields["throttle_time"] = datetime.timedelta(0)
-    return schema(**fields)
+    return build(
+        schema,
+        brokers=brokers,
+        topics=tuple(topics),
+        cluster_id="purgatory-aio",  # v2+
+        controller_id=0,
+        throttle_time=datetime.timedelta(0),  # v3+
+    )
 
 
 async def produce(conn: Connection, version: int, request: Any) -> Any:
@@ -307,20 +308,20 @@ async def produce(conn: Connection, version: int, request: Any) -> Any:
     partition_t = nested(topic_t, "partition_responses")
     by_topic: dict[str, list[Any]] = {}
     for tp, (code, base) in results.items():
-        fields: dict[str, Any] = {
-            "index": tp.partition,
-            "error_code": _err(code),
-            "base_offset": base,
-        }
-        if version >= 2:
-            fields["log_append_time"] = None
-        if version >= 5:
-            fields["log_start_offset"] = 0
-        if version >= 8:
-            fields["record_errors"] = ()
-            fields["error_message"] = None
-        by_topic.setdefault(tp.topic, []).append(partition_t(**fields))
-    return schema(
+        by_topic.setdefault(tp.topic, []).append(
+            build(
+                partition_t,
+                index=tp.partition,
+                error_code=_err(code),
+                base_offset=base,
+                log_append_time=None,  # v2+
+                log_start_offset=0,  # v5+
+                record_errors=(),  # v8+
+                error_message=None,  # v8+
+            )
+        )
+    return build(
+        schema,
         responses=tuple(
             topic_t(name=name, partition_responses=tuple(parts)) for name, parts in by_topic.items()
         ),
@@ -373,28 +374,27 @@ async def fetch(conn: Connection, version: int, request: Any) -> Any:
             )
         )
         for tp, result in response.partitions.items():
-            fields: dict[str, Any] = {
-                "partition_index": tp.partition,
-                "error_code": _err(result.error),
-                "high_watermark": result.high_watermark,
-                "aborted_transactions": None,
-                "records": encode_batch(result.fetch_offset, result.records),
-            }
-            if version >= 4:
-                fields["last_stable_offset"] = result.high_watermark
-            if version >= 5:
-                fields["log_start_offset"] = 0
-            by_topic.setdefault(tp.topic, []).append(partition_t(**fields))
-    fields = {
-        "responses": tuple(
+            by_topic.setdefault(tp.topic, []).append(
+                build(
+                    partition_t,
+                    partition_index=tp.partition,
+                    error_code=_err(result.error),
+                    high_watermark=result.high_watermark,
+                    last_stable_offset=result.high_watermark,  # v4+
+                    log_start_offset=0,  # v5+
+                    aborted_transactions=None,
+                    records=encode_batch(result.fetch_offset, result.records),
+                )
+            )
+    return build(
+        schema,
+        responses=tuple(
             topic_t(topic=name, partitions=tuple(parts)) for name, parts in by_topic.items()
         ),
-        "throttle_time": datetime.timedelta(0),
-    }
-    if version >= 7:
-        fields["error_code"] = _err(0)
-        fields["session_id"] = 0  # no fetch sessions: every fetch is a full one
-    return schema(**fields)
+        throttle_time=datetime.timedelta(0),
+        error_code=_err(0),  # v7+
+        session_id=0,  # v7+; no fetch sessions: every fetch is a full one
+    )
 
 
 async def list_offsets(conn: Connection, version: int, request: Any) -> Any:
@@ -424,16 +424,17 @@ async def list_offsets(conn: Connection, version: int, request: Any) -> Any:
                 log = partition.log
                 offset = next((o for o in range(hw) if log[o].timestamp >= wanted), hw)
             parts.append(
-                partition_t(
+                build(
+                    partition_t,
                     partition_index=part.partition_index,
                     error_code=_err(code),
                     timestamp=-1,
                     offset=offset,
-                    leader_epoch=-1,
+                    leader_epoch=-1,  # v4+
                 )
             )
         topics.append(topic_t(name=topic.name, partitions=tuple(parts)))
-    return schema(throttle_time=datetime.timedelta(0), topics=tuple(topics))
+    return build(schema, throttle_time=datetime.timedelta(0), topics=tuple(topics))
 
 
 async def create_topics(conn: Connection, version: int, request: Any) -> Any:
@@ -458,17 +459,18 @@ async def create_topics(conn: Connection, version: int, request: Any) -> Any:
     topic_t = nested(schema, "topics")
     topics = []
     for name, error in errors.items():
-        fields: dict[str, Any] = {"name": name, "error_code": _err(error)}
-        if version >= 1:
-            fields["error_message"] = None if error is ErrorCode.NONE else error.name
-        if version >= 5:
-            fields["num_partitions"] = specs[name].partitions
-            fields["replication_factor"] = specs[name].replication_factor
-            fields["configs"] = ()
-        topics.append(topic_t(**fields))
-    if version >= 2:
-        return schema(throttle_time=datetime.timedelta(0), topics=tuple(topics))
-    return schema(topics=tuple(topics))
+        topics.append(
+            build(
+                topic_t,
+                name=name,
+                error_code=_err(error),
+                error_message=None if error is ErrorCode.NONE else error.name,  # v1+
+                num_partitions=specs[name].partitions,  # v5+
+                replication_factor=specs[name].replication_factor,  # v5+
+                configs=(),  # v5+
+            )
+        )
+    return build(schema, throttle_time=datetime.timedelta(0), topics=tuple(topics))
 
 
 async def init_producer_id(conn: Connection, version: int, request: Any) -> Any:
