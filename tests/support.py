@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 from purgatory_aio import DelayedOperation
@@ -74,3 +75,10 @@ class Recorder:
 async def awaiting(op: DelayedOperation[Any]) -> Any:
     """``await op`` as a coroutine of its own, to run as a separate task."""
     return await op
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

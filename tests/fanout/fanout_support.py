@@ -16,14 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integrations"))
 from http_support import HANG_GUARD
 from http_support import wait_until as until
+from support import free_port
 
 __all__ = ["HANG_GUARD", "RedisServer", "free_port", "until", "wait_for_port"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A poll's own deadline; being answered well before it is the behaviour under test.
@@ -31,13 +32,6 @@ POLL_WAIT_MS = 20_000
 HANG_GUARD = 30.0
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -124,7 +118,7 @@ def _assert_answered_promptly(process: subprocess.Popen[bytes], port: int, sig: 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_plain_uvicorn_answers_pending_poll_on_sigint(tmp_path: Path, workers: int) -> None:
-    port = _free_port()
+    port = free_port()
     args = ["-m", "uvicorn", "examples.fastapi_broker:app", "--port", str(port)]
     if workers > 1:
         args += ["--workers", str(workers)]
@@ -133,13 +127,13 @@ def test_plain_uvicorn_answers_pending_poll_on_sigint(tmp_path: Path, workers: i
 
 
 def test_plain_uvicorn_answers_pending_poll_on_sigterm(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     args = ["-m", "uvicorn", "examples.fastapi_broker:app", "--port", str(port)]
     with _server(args, port, tmp_path) as process:
         _assert_answered_promptly(process, port, signal.SIGTERM)
 
 
 def test_aiohttp_run_app_answers_pending_poll_on_sigint(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with _server(["-m", "examples.aiohttp_broker", "--port", str(port)], port, tmp_path) as process:
         _assert_answered_promptly(process, port, signal.SIGINT)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
-import io
 import json
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -19,11 +17,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
-from kio.index import load_request_schema, load_response_schema
+from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode as E
-from kio.serial import entity_reader, entity_writer
 from minikafka.broker.config import BrokerConfig
-from minikafka.wire.codec import nested
+from minikafka.wire.codec import build, nested
 from minikafka.wire.groups import (
     FIND_COORDINATOR,
     HEARTBEAT,
@@ -36,6 +33,7 @@ from minikafka.wire.groups import (
 from minikafka.wire.server import WireConfig, version_table
 
 from .conftest import RunningBroker
+from .raw import RawConnection
 
 API_VERSIONS = 18
 TOPIC = "events"
@@ -69,53 +67,8 @@ def groups_broker_any_loop(request: pytest.FixtureRequest) -> Iterator[RunningBr
 # -- raw requests ------------------------------------------------------------------------------
 
 
-def build(schema: type[Any], **fields: Any) -> Any:
-    """``schema(**fields)`` without the fields this version lacks."""
-    names = schema.__dataclass_fields__
-    return schema(**{k: v for k, v in fields.items() if k in names})
-
-
-class Raw:
-    """One connection sending kio-encoded requests, one at a time."""
-
-    def __init__(self, broker: RunningBroker) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", broker.wire.ports[0]), timeout=20)
-        self.correlation = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _read(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            if not chunk:
-                raise ConnectionError("the broker closed the connection")
-            data += chunk
-        return data
-
-    def call(self, api_key: int, version: int, **fields: Any) -> Any:
-        self.correlation += 1
-        schema = load_request_schema(api_key, version)
-        header_t = schema.__header_schema__
-        buffer = io.BytesIO()
-        header = build(
-            header_t,
-            request_api_key=api_key,
-            request_api_version=version,
-            correlation_id=self.correlation,
-            client_id="raw",
-        )
-        entity_writer(header_t)(buffer, header)
-        entity_writer(schema)(buffer, build(schema, **fields))
-        payload = buffer.getvalue()
-        self.sock.sendall(len(payload).to_bytes(4, "big") + payload)
-        frame = self._read(int.from_bytes(self._read(4), "big"))
-        response_t = load_response_schema(api_key, version)
-        response_header, offset = entity_reader(response_t.__header_schema__)(frame, 0)
-        assert response_header.correlation_id == self.correlation
-        body, _ = entity_reader(response_t)(frame, offset)
-        return body
+class Raw(RawConnection):
+    """A raw connection with the group requests."""
 
     # The group requests, in whichever version (fields a version lacks are left out).
 

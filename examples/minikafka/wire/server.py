@@ -43,6 +43,9 @@ _log = structlog.get_logger("minikafka.wire")
 CORRUPT_MESSAGE = 2
 UNSUPPORTED_VERSION = 35
 
+#: How long :meth:`WireCluster.close` lets busy connections write their last answer.
+CLOSE_GRACE_S = 5.0
+
 #: Kafka's default ``socket.request.max.bytes``: a larger frame closes the connection.
 MAX_REQUEST_BYTES = 100 * 1024 * 1024
 
@@ -91,7 +94,9 @@ class WireCluster:
         self.groups = groups.WireGroupCoordinator(self.cluster, broker)
         self.ports: list[int] = []
         self._servers: list[asyncio.Server] = []
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], Connection] = {}
+        #: Set by :meth:`close`: connections finish the request in hand, then end.
+        self.closing = False
         self._producer_ids = 0
 
     async def start(self) -> None:
@@ -107,12 +112,20 @@ class WireCluster:
 
     async def close(self) -> None:
         """Stop listening, answer every waiting request (the purgatories settle), then close."""
+        self.closing = True
         for server in self._servers:
             server.close()
+        # Every operation in a purgatory settles: long polls and acks=all writes are answered.
         await self.cluster.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        for conn in self._connections.values():
+            conn.close_if_idle()
+        if self._connections:
+            # Busy connections write the answer in hand, then end; a client that does not
+            # read it (a full socket buffer) is not waited for beyond the grace period.
+            _, stuck = await asyncio.wait(self._connections, timeout=CLOSE_GRACE_S)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
         for server in self._servers:
             await server.wait_closed()
 
@@ -130,14 +143,19 @@ class WireCluster:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         conn = Connection(self, node, writer)
+        self._connections[task] = conn
         try:
             await conn.run(reader)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            if not self.closing:
+                raise
+            # Cancelled by close() after its grace period: the end of this task, not an
+            # error (re-raising would only make asyncio's stream callback log it).
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             writer.close()
 
     def next_producer_id(self) -> int:
@@ -167,19 +185,34 @@ class Connection:
         self.wire = wire
         self.node = node
         self.writer = writer
+        self._idle = True
         self.cluster = wire.cluster
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
+    def close_if_idle(self) -> None:
+        """End the connection now if it waits for a request (its reader sees the end)."""
+        if self._idle:
+            self.writer.close()
+
     async def run(self, reader: asyncio.StreamReader) -> None:
         limit = self.wire.config.max_request_bytes
-        while True:
+        while not self.wire.closing:
+            self._idle = True
             size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
             if size < 0 or size > limit:
                 # Kafka's InvalidReceiveException: the connection is closed, nothing answered.
                 _log.warning("request_size_invalid", peer=self.peer, size=size, limit=limit)
                 return
-            frame = await reader.readexactly(size)
+            try:
+                frame = await reader.readexactly(size)
+            except asyncio.IncompleteReadError as exc:
+                # The client closed the connection in the middle of a request.
+                _log.warning(
+                    "request_truncated", peer=self.peer, expected=size, received=len(exc.partial)
+                )
+                return
+            self._idle = False
             try:
                 reply = await self._handle(frame)
             except MalformedRequest as exc:
