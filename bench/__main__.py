@@ -6,6 +6,7 @@ python -m bench report            # SUMMARY.md and charts from existing records
 python -m bench http ...          # bench.http, handler/HTTP benchmarks
 python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmarks
 python -m bench fanout [--quick]  # bench.fanout, cross-process completion through Redis
+python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ DELEGATED = {
     "http": ("bench.http", "HTTP and request-handler benchmarks (naive-handler vs purgatory)"),
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
     "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
+    "kafka": ("bench.kafka", "librdkafka clients against purgatory-broker (acks=1/all)"),
 }
 SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 

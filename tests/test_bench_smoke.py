@@ -172,3 +172,20 @@ def test_cli_explains_a_missing_delegated_module(
     monkeypatch.setitem(cli.DELEGATED, "http", ("bench._no_such_module", "test"))
     assert cli.main(["http", "--anything"]) == 2
     assert "bench._no_such_module is not available" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_kafka_bench_drives_real_clients_on_each_loop(tmp_path: Path) -> None:
+    pytest.importorskip("confluent_kafka")
+    argv = ["kafka", "--records", "2000", "--plain", "--results-dir", str(tmp_path)]
+    assert cli.main([*argv, "--loop", "both" if len(LOOPS) == 2 else "asyncio"]) == 0
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("kafka-*.json"))]
+    assert sorted(r["loop"] for r in records) == sorted(LOOPS)
+    for record in records:
+        assert set(record) >= RECORD_KEYS and record["headline"]
+        for acks in ("1", "all"):
+            result = record["results"][acks]
+            # Every record sent was delivered and consumed (warm-up and paced ones included).
+            assert result["records"] == 2000
+            assert result["consumed"] >= 2000 + result["paced"]["records"]
+            assert result["purgatories"]["peak_fetch_pending"] >= 1  # the consumers' long polls

@@ -8,7 +8,8 @@ Conventions for README authors:
 * A block that defines ``test_*`` functions is a test to run: each one is called
   (``async def`` ones with ``asyncio.run``) after the block, as pytest would.
 * ``<!-- readme-test: skip: <why> -->`` on the line directly above a block leaves it
-  out; it is only for blocks that need an outside service (a running broker, a Redis).
+  out; ``<!-- readme-test: needs: purgatory-broker on 127.0.0.1:PORT -->`` runs it with
+  the example broker started on that address for it (and stopped after).
 * ```` ```bash ```` blocks are not run (they install, serve, run for minutes), but every
   command they name must exist: ``make`` targets in the Makefile, ``.venv/bin/``
   programs, ``python -m`` modules, ``uvicorn`` applications and repository files.
@@ -19,9 +20,15 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import os
 import re
 import shlex
+import socket
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<why>.+?)\s*-->")
+NEEDS = re.compile(
+    r"<!--\s*readme-test:\s*needs:\s*purgatory-broker on 127\.0\.0\.1:(?P<port>\d+)\s*-->"
+)
 #: Programs a README command may name that this project does not provide.
 OUTSIDE_PROGRAMS = frozenset({"curl", "pip", "redis-server", "java"})
 
@@ -41,6 +51,7 @@ class Block:
     line: int
     code: str
     skip: str | None
+    broker_port: int | None = None
 
     def __str__(self) -> str:
         return f"README.md:{self.line}"
@@ -61,8 +72,18 @@ def _blocks() -> list[Block]:
         while i < len(lines) and lines[i].strip() != "```":
             body.append(lines[i])
             i += 1
-        marker = SKIP.fullmatch(lines[start - 1].strip()) if start > 0 else None
-        blocks.append(Block(opening.group(1), start + 1, "\n".join(body), marker and marker["why"]))
+        above = lines[start - 1].strip() if start > 0 else ""
+        marker = SKIP.fullmatch(above)
+        needs = NEEDS.fullmatch(above)
+        blocks.append(
+            Block(
+                opening.group(1),
+                start + 1,
+                "\n".join(body),
+                marker and marker["why"],
+                int(needs["port"]) if needs else None,
+            )
+        )
         i += 1
     return blocks
 
@@ -90,7 +111,9 @@ def test_the_readme_has_python_blocks() -> None:
 def test_skip_markers_are_only_used_with_a_reason() -> None:
     text = README.read_text(encoding="utf-8")
     for marker in re.findall(r"<!--\s*readme-test:.*?-->", text):
-        assert SKIP.fullmatch(marker), f"unknown readme-test marker {marker!r}"
+        assert SKIP.fullmatch(marker) or NEEDS.fullmatch(marker), (
+            f"unknown readme-test marker {marker!r}"
+        )
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=str)
@@ -103,9 +126,46 @@ def test_python_block_runs_as_written(
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "readme"}
     for earlier in PYTHON[: PYTHON.index(block)]:
-        if not earlier.skip:
+        if not earlier.skip and earlier.broker_port is None:
             _run(earlier, namespace)
-    _run(block, namespace)
+    if block.broker_port is None:
+        _run(block, namespace)
+        return
+    with _purgatory_broker(block.broker_port, tmp_path / "broker.log"):
+        try:
+            _run(block, namespace)
+        finally:
+            namespace.clear()  # the snippet's clients go before their broker does
+
+
+@contextmanager
+def _purgatory_broker(port: int, log_path: Path) -> Iterator[None]:
+    """The example broker on ``port``, as the README starts it, for one block."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            pytest.skip(f"port {port} is in use here: the snippet needs it for its broker")
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minikafka.wire.cli", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "listening on" not in log_path.read_text():
+                assert process.poll() is None and time.monotonic() < deadline, (
+                    f"the broker did not start: {log_path.read_text()}"
+                )
+                time.sleep(0.05)
+            yield
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
 
 
 def _make_targets() -> set[str]:
