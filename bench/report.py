@@ -371,7 +371,12 @@ def run(results_dir: Path, progress: Progress) -> Path | None:
     chosen = latest(records)
     charts = write_charts(chosen, results_dir)
     if not charts:
-        progress.info("matplotlib not installed: SUMMARY.md without charts")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            progress.info("matplotlib not installed: SUMMARY.md without charts")
+        else:
+            progress.info("no charted workload (W1-W4, memory) among the records: no charts")
     path = write_summary(chosen, results_dir, charts)
     progress.info(f"wrote {path} and {len(charts)} chart(s) from {len(records)} record(s)")
     return path
