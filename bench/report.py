@@ -294,18 +294,29 @@ def _lateness_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
     return fig
 
 
+def _count(n: int) -> str:
+    """``1M`` or ``200k``: an operation count short enough for a tick label."""
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M ops"
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k ops"
+    return f"{n:,} ops"
+
+
 def _w1_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
     records = _by(chosen, "w1") + _by(chosen, "w1-user") + _by(chosen, "w1-check")
     if not records:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    # About an inch per group, so that the labels under the bars never overlap.
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.0 * len(records) + 3.5), 4.8))
     names = ("purgatory", "naive-futures", "harness")
     families = ("blue", "orange", "gray")
     width = 0.27
     labels = []
     labelled: set[str] = set()
     for i, record in enumerate(records):
-        labels.append(f"{record['workload']}\n{variant(record)}\nn={record['params']['n']:,}")
+        build_and_loop = variant(record).replace(", ", "\n")
+        labels.append(f"{record['workload']}\n{build_and_loop}\n{_count(record['params']['n'])}")
         pure = _pure(record)
         for j, (name, family) in enumerate(zip(names, families, strict=True)):
             value = record["results"]["contenders"][name]["cpu_us_per_op"]

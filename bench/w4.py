@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -84,14 +87,19 @@ async def _measure(name: str, params: W4Params) -> Record:
             loop_call_at(deadline + shift, fire, deadline)
         wakeups0 = 0
     scheduled_in = _monotonic() - base
-    async with asyncio.timeout(params.lead + params.spread + 30):
-        await done
+    with _full_collections() as pauses:
+        async with asyncio.timeout(params.lead + params.spread + 30):
+            await done
     result: Record = {
         "timers": n,
         "fired": len(lateness),
         "schedule_s": scheduled_in,
         "lateness": lateness_summary(lateness),
         "distinct_due_buckets": len({int(d // params.tick) for d in deadlines}),
+        # Full (generation 2) garbage collections while the timers fired: each one stops
+        # the loop, so a lateness tail that matches one is the collector's, not the timer's.
+        "gc_full_collections": len(pauses),
+        "gc_full_max_pause_ms": max(pauses, default=0.0) * 1000,
     }
     if timer is not None:
         result["wakeups"] = timer.wakeups - wakeups0
@@ -104,6 +112,27 @@ async def _measure(name: str, params: W4Params) -> Record:
         result["idle_s"] = params.idle
         timer.close()
     return result
+
+
+@contextmanager
+def _full_collections() -> Iterator[list[float]]:
+    """The durations (s) of the full collections that ran inside the block."""
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(watch)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def run(
@@ -157,6 +186,11 @@ def _build_record(loop_name: str, params: W4Params, results: dict[str, Record]) 
             f"{timer['wakeups']:,} / {timer['distinct_due_buckets']:,}",
         ),
         ("idle wake-ups", str(timer["idle_wakeups"])),
+        (
+            "full GCs while firing (max pause ms) timer | call_at",
+            f"{timer['gc_full_collections']} ({fmt(timer['gc_full_max_pause_ms'])}) | "
+            f"{call_at['gc_full_collections']} ({fmt(call_at['gc_full_max_pause_ms'])})",
+        ),
     ]
     return make_record(
         "w4",
