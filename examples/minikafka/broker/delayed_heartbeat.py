@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from purgatory_aio import DelayedOperation
 
-if TYPE_CHECKING:
-    from .group import Group, Member
-    from .group_coordinator import GroupCoordinator
+
+class SessionOwner(Protocol):
+    """What a session needs from its coordinator: the in-process one, or the Kafka-wire one
+    (each with its own group and member types)."""
+
+    def member_alive(self, member: Any, expires_at: float) -> bool: ...
+
+    async def session_expired(self, group: Any, member: Any, expires_at: float) -> None: ...
 
 
 class DelayedHeartbeat(DelayedOperation[None]):
@@ -24,9 +29,9 @@ class DelayedHeartbeat(DelayedOperation[None]):
 
     def __init__(
         self,
-        coordinator: GroupCoordinator,
-        group: Group,
-        member: Member,
+        coordinator: SessionOwner,
+        group: Any,
+        member: Any,
         expires_at: float,
         timeout: float,
     ) -> None:

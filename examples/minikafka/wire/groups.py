@@ -39,6 +39,7 @@ from purgatory_aio import DelayedOperation, Purgatory, PurgatoryClosed
 
 from ..broker import Cluster
 from ..broker.config import BrokerConfig
+from ..broker.delayed_heartbeat import DelayedHeartbeat
 from ..records import TopicPartition
 from .codec import nested, response_schema
 
@@ -222,41 +223,6 @@ class DelayedSync(DelayedOperation[None]):
 
     async def on_expiration(self) -> None:
         await self._coordinator.sync_expired(self._group, self._missing)
-
-
-class DelayedHeartbeat(DelayedOperation[None]):
-    """One member's session, due ``session_timeout`` after its last sign of life.
-
-    A new one is watched at every heartbeat; the previous one then completes quietly.
-    Only an expiry while the member is still silent removes it from the group.
-    """
-
-    __slots__ = ("_coordinator", "_expires_at", "_group", "_member")
-
-    def __init__(
-        self,
-        coordinator: WireGroupCoordinator,
-        group: Group,
-        member: Member,
-        expires_at: float,
-        timeout: float,
-    ) -> None:
-        super().__init__(timeout)
-        self._coordinator = coordinator
-        self._group = group
-        self._member = member
-        self._expires_at = expires_at
-
-    def try_complete(self) -> bool:
-        return self._coordinator.member_alive(self._member, self._expires_at) and (
-            self.force_complete()
-        )
-
-    def on_complete(self) -> None:
-        return None
-
-    async def on_expiration(self) -> None:
-        await self._coordinator.session_expired(self._group, self._member, self._expires_at)
 
 
 # -- the coordinator ---------------------------------------------------------------------------
