@@ -169,8 +169,12 @@ class PurgatoryLifespan:
 
 
 #: The signals servers stop on: Ctrl-C, and what process managers (uvicorn's
-#: --workers supervisor, gunicorn, systemd, Kubernetes) send.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: --workers supervisor, gunicorn, systemd, Kubernetes) send. SIGQUIT is what gunicorn's
+#: arbiter sends its workers on a quick shutdown (the arbiter's own SIGINT or SIGQUIT);
+#: like the others it is wrapped only where the server installed a handler for it.
+_STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGQUIT") if hasattr(signal, name)
+)
 
 _SignalHandler = Callable[[int, FrameType | None], Any]
 

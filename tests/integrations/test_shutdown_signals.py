@@ -133,6 +133,28 @@ def test_plain_uvicorn_answers_pending_poll_on_sigterm(tmp_path: Path) -> None:
         _assert_answered_promptly(process, port, signal.SIGTERM)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_gunicorn_uvicorn_workers_answer_pending_poll(tmp_path: Path, sig: signal.Signals) -> None:
+    """gunicorn's arbiter passes SIGTERM (graceful) and SIGINT (quick) on to its workers."""
+    pytest.importorskip("gunicorn")
+    port = free_port()
+    args = [
+        "-m",
+        "gunicorn",
+        "examples.fastapi_broker:app",
+        "--worker-class",
+        "uvicorn.workers.UvicornWorker",
+        "--workers",
+        "1",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "25",
+    ]
+    with _server(args, port, tmp_path) as process:
+        _assert_answered_promptly(process, port, sig)
+
+
 def test_aiohttp_run_app_answers_pending_poll_on_sigint(tmp_path: Path) -> None:
     port = free_port()
     with _server(["-m", "examples.aiohttp_broker", "--port", str(port)], port, tmp_path) as process:
