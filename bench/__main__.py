@@ -7,6 +7,7 @@ python -m bench http ...          # bench.http, handler/HTTP benchmarks
 python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmarks
 python -m bench fanout [--quick]  # bench.fanout, cross-process completion through Redis
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
+python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DELEGATED = {
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
     "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
     "kafka": ("bench.kafka", "librdkafka clients against purgatory-broker (acks=1/all)"),
+    "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
 }
 SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 

@@ -189,3 +189,18 @@ def test_kafka_bench_drives_real_clients_on_each_loop(tmp_path: Path) -> None:
             assert result["records"] == 2000
             assert result["consumed"] >= 2000 + result["paced"]["records"]
             assert result["purgatories"]["peak_fetch_pending"] >= 1  # the consumers' long polls
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_opshape_settles_every_operation_of_each_shape(tmp_path: Path) -> None:
+    argv = ["opshape", "--quick", "--plain", "--results-dir", str(tmp_path)]
+    assert cli.main([*argv, "--loop", "both" if len(LOOPS) == 2 else "asyncio"]) == 0
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("opshape-*.json"))]
+    assert sorted(r["loop"] for r in records) == sorted(LOOPS)
+    for record in records:
+        assert set(record["results"]["net_us_per_op"]) == {
+            "slotted",
+            "user",
+            "user+slots",
+            "user, no __init__",
+        }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -171,3 +172,15 @@ def test_signal_answers_the_pending_long_poll_then_exits(
         output = log_path.read_text()
         assert "purgatory-broker stopped" in output
         assert "Traceback" not in output and "CancelledError" not in output, output
+
+
+def test_a_taken_port_fails_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _cli("--port", str(port))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert f"cannot listen on 127.0.0.1 from port {port}" in line
