@@ -44,6 +44,7 @@ def workers() -> Iterator[Workers]:
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # the supervisor and its workers: one group to stop
         )
         try:
             wait_for_port(port, timeout=30)
@@ -53,7 +54,7 @@ def workers() -> Iterator[Workers]:
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
 
 

@@ -9,6 +9,7 @@ deadline, and the server must exit.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -41,8 +42,15 @@ def _server(args: list[str], port: int, tmp_path: Path) -> Iterator[subprocess.P
     # installed, and a compiled core put first (PYTHONPATH) stays first.
     path = [p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(path)}
+    # Its own session: the server and any worker processes it forks form one group, which
+    # the finally below can stop whole even when a failed test left the workers running.
     process = subprocess.Popen(
-        [sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+        [sys.executable, *args],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + HANG_GUARD
@@ -58,8 +66,8 @@ def _server(args: list[str], port: int, tmp_path: Path) -> Iterator[subprocess.P
                 time.sleep(0.05)
         yield process
     finally:
-        if process.poll() is None:
-            process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the group this test started, by its id
         process.wait(HANG_GUARD)
         log.close()
 
