@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from purgatory_aio import DelayedOperation
@@ -82,3 +89,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def purgatory_broker(log_path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``purgatory-broker ARGS`` (the installed example) until the block ends, its output in
+    ``log_path``; started once it says it listens, stopped by its own PID if still running."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minikafka.wire.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 30  # a hang guard, not a timing claim
+            while "listening on" not in log_path.read_text():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the broker did not start: {log_path.read_text()}")
+                time.sleep(0.05)
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait(30)

@@ -20,13 +20,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
-import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import purgatory_broker
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -144,28 +142,8 @@ def _purgatory_broker(port: int, log_path: Path) -> Iterator[None]:
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
             pytest.skip(f"port {port} is in use here: the snippet needs it for its broker")
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "minikafka.wire.cli", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while "listening on" not in log_path.read_text():
-                assert process.poll() is None and time.monotonic() < deadline, (
-                    f"the broker did not start: {log_path.read_text()}"
-                )
-                time.sleep(0.05)
-            yield
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+    with purgatory_broker(log_path, "--port", str(port)):
+        yield
 
 
 def _make_targets() -> set[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import os
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode as E
 from minikafka.wire.codec import build, nested
-from support import free_port
+from support import free_port, purgatory_broker
 
 from .raw import RawConnection
 
@@ -74,29 +73,9 @@ def test_bad_flag_values_fail_with_one_line_naming_the_flag(args: list[str], nam
 
 @contextmanager
 def _broker(tmp_path: Path, loop: str) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
-    port = free_port()
-    log_path = tmp_path / "broker.log"
-    log = log_path.open("w")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minikafka.wire.cli", "--port", str(port), "--loop", loop],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + HANG_GUARD
-        while "listening on" not in log_path.read_text():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the broker did not start: {log_path.read_text()}")
-            time.sleep(0.05)
+    port, log_path = free_port(), tmp_path / "broker.log"
+    with purgatory_broker(log_path, "--port", str(port), "--loop", loop) as process:
         yield process, port, log_path
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(HANG_GUARD)
-        log.close()
 
 
 def _topic_with_leader(conn: RawConnection, topic: str) -> None:

@@ -278,6 +278,18 @@ def await_rebalance(conn: Raw, group: str, member: str, generation: int) -> None
         time.sleep(0.05)
 
 
+def leader_then_joiner(one: Raw, two: Raw, group: str, **join: Any) -> tuple[str, str]:
+    """``one`` leads generation 1 alone, then ``two`` joins: both are in generation 2 and wait
+    for the leader's SyncGroup. Their member IDs, leader first."""
+    a = one.join_new(group, **join).member_id
+    one.sync(group, a, 1, {a: b""})
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(two.join_new, group, **join)
+        await_rebalance(one, group, a, 1)
+        one.join(group, a, **join)
+        return a, waiting.result(10).member_id
+
+
 # -- the coordinator's rules -------------------------------------------------------------------
 
 
@@ -418,13 +430,7 @@ def test_same_protocols_rejoin_gets_the_current_generation_back(raw: Callable[[]
     while the group waits for SyncGroup, or a follower that does so in a stable group,
     gets the current generation again."""
     one, two = raw(), raw()
-    a = one.join_new("same").member_id
-    one.sync("same", a, 1, {a: b""})
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(two.join_new, "same")
-        await_rebalance(one, "same", a, 1)
-        one.join("same", a)
-        b = waiting.result(10).member_id
+    a, b = leader_then_joiner(one, two, "same")
     again = two.join("same", b)  # waiting for the leader's SyncGroup
     assert (again.error_code, again.generation_id, again.leader) == (E.none, 2, a)
     assert one.sync("same", a, 2, {a: b"x", b: b"y"}).assignment == b"x"
@@ -442,13 +448,8 @@ def test_same_protocols_rejoin_gets_the_current_generation_back(raw: Callable[[]
 
 def test_sync_barrier_holds_followers_until_the_leader_assigns(raw: Callable[[], Raw]) -> None:
     one, two = raw(), raw()
-    a = one.join_new("sync").member_id
-    one.sync("sync", a, 1, {a: b""})
+    a, b = leader_then_joiner(one, two, "sync")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(two.join_new, "sync")
-        await_rebalance(one, "sync", a, 1)
-        one.join("sync", a)
-        b = waiting.result(10).member_id
         follower = pool.submit(two.sync, "sync", b, 2)
         time.sleep(0.3)
         assert not follower.done(), "the follower waits in the sync barrier"
@@ -460,13 +461,7 @@ def test_sync_barrier_times_out_without_the_leader(raw_any_loop: Callable[[], Ra
     """The leader never sends SyncGroup: at the rebalance timeout the waiting follower is told
     to rejoin and the leader is removed."""
     one, two = raw_any_loop(), raw_any_loop()
-    a = one.join_new("lost", rebalance_ms=1000).member_id
-    one.sync("lost", a, 1, {a: b""})
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(two.join_new, "lost", rebalance_ms=1000)
-        await_rebalance(one, "lost", a, 1)
-        one.join("lost", a, rebalance_ms=1000)
-        b = waiting.result(10).member_id
+    a, b = leader_then_joiner(one, two, "lost", rebalance_ms=1000)
     assert two.sync("lost", b, 2).error_code is E.rebalance_in_progress
     assert one.heartbeat("lost", a, 2) is E.unknown_member_id
     alone = two.join("lost", b, rebalance_ms=1000)

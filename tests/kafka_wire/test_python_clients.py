@@ -133,22 +133,19 @@ def test_produce_then_consume_in_order(
         assert numbers == sorted(numbers)
 
 
-def _idle_fetches(broker: RunningBroker, idle: Callable[[], None]) -> tuple[int, int]:
-    """(completed, expired) fetch operations while ``idle`` polls an empty partition."""
-    before = broker.purgatory_stats("fetch")
-    idle()
-    after = broker.purgatory_stats("fetch")
-    return (
-        int(after["completed"]) - int(before["completed"]),
-        int(after["expired"]) - int(before["expired"]),
-    )
+def _fetches_settled(broker: RunningBroker) -> tuple[int, int]:
+    """(completed, expired) operations of the broker's fetch purgatory so far."""
+    stats = broker.purgatory_stats("fetch")
+    return int(stats["completed"]), int(stats["expired"])
 
 
 IDLE_S = 2.0
 MAX_WAIT_MS = 400
 
 
-def _check_idle(completed: int, expired: int) -> None:
+def _check_idle(before: tuple[int, int], after: tuple[int, int]) -> None:
+    """``before``/``after``: :func:`_fetches_settled` around an idle poll of an empty partition."""
+    completed, expired = after[0] - before[0], after[1] - before[1]
     # Every fetch of the idle window waited in the purgatory until fetch.max.wait.ms:
     # none was answered early, and the client did not spin (an unheld fetch would be
     # answered at once and the client would send hundreds).
@@ -164,7 +161,7 @@ def test_aiokafka_empty_poll_waits_in_the_fetch_purgatory(
     broker = broker_any_loop
     tp = TopicPartition("aio-waits", 0)
 
-    async def run() -> tuple[int, int]:
+    async def run() -> tuple[tuple[int, int], tuple[int, int]]:
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
         await producer.start()
         consumer = AIOKafkaConsumer(
@@ -180,21 +177,14 @@ def test_aiokafka_empty_poll_waits_in_the_fetch_purgatory(
             first = await consumer.getone()
             assert first.value == b"first"
             loop = asyncio.get_running_loop()
-
-            async def idle() -> None:
-                assert await consumer.getmany(timeout_ms=int(IDLE_S * 1000)) == {}
-
             # getmany answers from the fetch results; read the stats around it.
-            before = await loop.run_in_executor(None, broker.purgatory_stats, "fetch")
-            await idle()
-            after = await loop.run_in_executor(None, broker.purgatory_stats, "fetch")
+            before = await loop.run_in_executor(None, _fetches_settled, broker)
+            assert await consumer.getmany(timeout_ms=int(IDLE_S * 1000)) == {}
+            after = await loop.run_in_executor(None, _fetches_settled, broker)
             await producer.send_and_wait(tp.topic, b"second", partition=0)
             second = await asyncio.wait_for(consumer.getone(), 10)
             assert second.value == b"second"
-            return (
-                int(after["completed"]) - int(before["completed"]),
-                int(after["expired"]) - int(before["expired"]),
-            )
+            return before, after
         finally:
             await consumer.stop()
             await producer.stop()
@@ -234,7 +224,9 @@ def test_kafka_python_empty_poll_waits_in_the_fetch_purgatory(
             while (left := deadline - time.monotonic()) > 0:
                 assert consumer.poll(timeout_ms=max(1, int(left * 1000))) == {}
 
-        _check_idle(*_idle_fetches(broker, idle))
+        before = _fetches_settled(broker)
+        idle()
+        _check_idle(before, _fetches_settled(broker))
         producer.send(tp.topic, b"second", partition=0).get(10)
         assert poll_one().value == b"second"
     finally:

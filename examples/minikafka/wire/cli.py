@@ -15,7 +15,7 @@ from ..broker.config import BrokerConfig
 from .server import WireCluster, WireConfig
 
 
-def _int_at_least(low: int, high: int = 2**31 - 1) -> Callable[[str], int]:
+def _int_between(low: int, high: int = 2**31 - 1) -> Callable[[str], int]:
     """An argparse type: an integer in ``[low, high]`` (argparse names the flag on error)."""
 
     def parse(text: str) -> int:
@@ -42,28 +42,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default %(default)s)")
     parser.add_argument(
         "--port",
-        type=_int_at_least(0, 65535),
+        type=_int_between(0, 65535),
         default=9092,
         help="port of broker 0; broker n listens on port+n (0: any free ports)",
     )
     parser.add_argument(
-        "--brokers", type=_int_at_least(1, 100), default=1, help="brokers (default %(default)s)"
+        "--brokers", type=_int_between(1, 100), default=1, help="brokers (default %(default)s)"
     )
     parser.add_argument(
         "--partitions",
-        type=_int_at_least(1, 10_000),
+        type=_int_between(1, 10_000),
         default=1,
         help="partitions of auto-created topics",
     )
     parser.add_argument(
         "--replication-factor",
-        type=_int_at_least(1),
+        type=_int_between(1),
         default=None,
         help="replicas of auto-created topics (default: the number of brokers)",
     )
     parser.add_argument(
         "--min-insync-replicas",
-        type=_int_at_least(1),
+        type=_int_between(1),
         default=1,
         help="ISR size acks=all needs (at most the replication factor)",
     )

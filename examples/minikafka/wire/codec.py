@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import io
 import struct
 import typing
@@ -72,6 +73,13 @@ def response_schema(api_key: int, version: int) -> type[Any]:
     return load_response_schema(api_key, version)
 
 
+def seconds(duration: datetime.timedelta | int) -> float:
+    """Seconds of a kio duration field (a timedelta) or of plain milliseconds."""
+    if isinstance(duration, datetime.timedelta):
+        return duration.total_seconds()
+    return duration / 1000.0
+
+
 def build(schema: Any, **fields: Any) -> Any:
     """``schema(**fields)`` without the fields this version of the schema lacks.
 
@@ -112,4 +120,5 @@ __all__ = [
     "encode_response",
     "nested",
     "peek_header",
+    "seconds",
 ]

@@ -41,7 +41,7 @@ from ..broker import Cluster
 from ..broker.config import BrokerConfig
 from ..broker.delayed_heartbeat import DelayedHeartbeat
 from ..records import TopicPartition
-from .codec import nested, response_schema
+from .codec import build, nested, response_schema, seconds
 
 if TYPE_CHECKING:
     from .server import Connection
@@ -281,27 +281,9 @@ class WireGroupCoordinator:
         if not member_id or member_id in group.pending:
             if not group.supports(protocol_type, names):
                 return JoinResult(E.inconsistent_group_protocol, member_id)
-            if not member_id:
+            first_join = not member_id
+            if first_join:
                 member_id = f"member-{uuid.uuid4()}"
-                if require_known_member_id:
-                    # JoinGroup v4+: the client must come back with this ID (so that a
-                    # retried first join cannot leave a ghost member behind).
-                    pending = Member(
-                        member_id,
-                        group_instance_id,
-                        session_timeout,
-                        rebalance_timeout,
-                        protocol_type,
-                        protocols,
-                        now,
-                    )
-                    group.pending[member_id] = pending
-                    await self._schedule_session(group, pending)
-                    return JoinResult(E.member_id_required, member_id)
-            pending_member = group.pending.pop(member_id, None)
-            if pending_member is not None:
-                pending_member.removed = True
-                self._heartbeat.check_and_complete(self._session_key(group, pending_member))
             member = Member(
                 member_id,
                 group_instance_id,
@@ -311,6 +293,16 @@ class WireGroupCoordinator:
                 protocols,
                 now,
             )
+            if first_join and require_known_member_id:
+                # JoinGroup v4+: the client must come back with this ID (so that a
+                # retried first join cannot leave a ghost member behind).
+                group.pending[member_id] = member
+                await self._schedule_session(group, member)
+                return JoinResult(E.member_id_required, member_id)
+            pending_member = group.pending.pop(member_id, None)
+            if pending_member is not None:
+                pending_member.removed = True
+                self._heartbeat.check_and_complete(self._session_key(group, pending_member))
             if not group.members:
                 group.protocol_type = protocol_type
             group.members[member_id] = member
@@ -664,28 +656,6 @@ class WireGroupCoordinator:
 # -- wire handlers -----------------------------------------------------------------------------
 
 
-_FIELD_NAMES: dict[type[Any], frozenset[str]] = {}
-
-
-def _field_names(schema: type[Any]) -> frozenset[str]:
-    names = _FIELD_NAMES.get(schema)
-    if names is None:
-        names = _FIELD_NAMES[schema] = frozenset(schema.__dataclass_fields__)
-    return names
-
-
-def _build(schema: type[Any], **fields: Any) -> Any:
-    """``schema(**fields)`` without the fields this version of the schema lacks."""
-    names = _field_names(schema)
-    return schema(**{k: v for k, v in fields.items() if k in names})
-
-
-def _seconds(value: datetime.timedelta | int) -> float:
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    return value / 1000.0
-
-
 def _coordinator_error(conn: Connection, group_id: str) -> E | None:
     """COORDINATOR_NOT_AVAILABLE while shutting down, NOT_COORDINATOR on the wrong broker."""
     wire = conn.wire
@@ -730,13 +700,13 @@ async def find_coordinator(conn: Connection, version: int, request: Any) -> Any:
             throttle_time=_NO_THROTTLE,
             coordinators=tuple(item(key=key, **locate(key)) for key in keys),
         )
-    return _build(schema, throttle_time=_NO_THROTTLE, **locate(keys[0]))
+    return build(schema, throttle_time=_NO_THROTTLE, **locate(keys[0]))
 
 
 async def join_group(conn: Connection, version: int, request: Any) -> Any:
     protocols = tuple((p.name, bytes(p.metadata)) for p in request.protocols)
-    session = _seconds(request.session_timeout)
-    rebalance = _seconds(request.rebalance_timeout) if version >= 1 else session
+    session = seconds(request.session_timeout)
+    rebalance = seconds(request.rebalance_timeout) if version >= 1 else session
     error = _coordinator_error(conn, request.group_id)
     if error is not None:
         result = JoinResult(error, request.member_id)
@@ -754,10 +724,10 @@ async def join_group(conn: Connection, version: int, request: Any) -> Any:
     schema = response_schema(JOIN_GROUP, version)
     item = nested(schema, "members")
     members = tuple(
-        _build(item, member_id=mid, group_instance_id=instance, metadata=meta)
+        build(item, member_id=mid, group_instance_id=instance, metadata=meta)
         for mid, instance, meta in result.members
     )
-    return _build(
+    return build(
         schema,
         throttle_time=_NO_THROTTLE,
         error_code=result.error,
@@ -785,7 +755,7 @@ async def sync_group(conn: Connection, version: int, request: Any) -> Any:
             protocol_name=getattr(request, "protocol_name", None),
             assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
         )
-    return _build(
+    return build(
         response_schema(SYNC_GROUP, version),
         throttle_time=_NO_THROTTLE,
         error_code=result.error,
@@ -801,7 +771,7 @@ async def heartbeat(conn: Connection, version: int, request: Any) -> Any:
         error = await conn.wire.groups.heartbeat(
             request.group_id, request.member_id, request.generation_id
         )
-    return _build(response_schema(HEARTBEAT, version), throttle_time=_NO_THROTTLE, error_code=error)
+    return build(response_schema(HEARTBEAT, version), throttle_time=_NO_THROTTLE, error_code=error)
 
 
 async def leave_group(conn: Connection, version: int, request: Any) -> Any:
@@ -815,7 +785,7 @@ async def leave_group(conn: Connection, version: int, request: Any) -> Any:
         errors = await conn.wire.groups.leave(request.group_id, ids)
         top = errors[0] if version < 3 and errors else E.none
     if version < 3:
-        return _build(schema, throttle_time=_NO_THROTTLE, error_code=top)
+        return build(schema, throttle_time=_NO_THROTTLE, error_code=top)
     item = nested(schema, "members")
     return schema(
         throttle_time=_NO_THROTTLE,
@@ -862,7 +832,7 @@ async def offset_commit(conn: Connection, version: int, request: Any) -> Any:
                     )
             parts.append(partition_t(partition_index=part.partition_index, error_code=code))
         topics.append(topic_t(name=topic.name, partitions=tuple(parts)))
-    return _build(schema, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+    return build(schema, throttle_time=_NO_THROTTLE, topics=tuple(topics))
 
 
 async def offset_fetch(conn: Connection, version: int, request: Any) -> Any:
@@ -890,7 +860,7 @@ async def offset_fetch(conn: Connection, version: int, request: Any) -> Any:
             for index in indexes:
                 offset, epoch, metadata = committed.get((name, index), (-1, -1, ""))
                 parts.append(
-                    _build(
+                    build(
                         partition_t,
                         partition_index=index,
                         committed_offset=offset,
@@ -910,7 +880,7 @@ async def offset_fetch(conn: Connection, version: int, request: Any) -> Any:
             results.append(group_t(group_id=group.group_id, topics=topics, error_code=error))
         return schema(throttle_time=_NO_THROTTLE, groups=tuple(results))
     topics, error = answer(request.group_id, request.topics)
-    return _build(schema, throttle_time=_NO_THROTTLE, topics=topics, error_code=error)
+    return build(schema, throttle_time=_NO_THROTTLE, topics=topics, error_code=error)
 
 
 __all__ = [

@@ -34,6 +34,7 @@ from .codec import (
     nested,
     peek_header,
     response_schema,
+    seconds,
 )
 from .records import CorruptRecordBatch, decode_batches, encode_batch
 
@@ -59,10 +60,8 @@ def _err(code: int) -> KioErrorCode:
 
 
 def _ms(delta: datetime.timedelta | int) -> float:
-    """Seconds of a kio duration field (a timedelta) or of plain milliseconds."""
-    if isinstance(delta, datetime.timedelta):
-        return max(0.0, delta.total_seconds())
-    return max(0.0, delta / 1000.0)
+    """A request's wait or timeout in seconds, never negative."""
+    return max(0.0, seconds(delta))
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +265,7 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
     )
     topics = []
     for name in names:
-        extra: dict[str, Any] = {"topic_id": wire.topic_id(name)}  # v10+
+        topic_id = wire.topic_id(name)  # v10+
         meta = conn.cluster.metadata(name)
         if meta is None:
             if allow_create and name:
@@ -275,7 +274,13 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
             else:
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             topics.append(
-                build(topic_t, error_code=_err(int(error)), name=name, partitions=(), **extra)
+                build(
+                    topic_t,
+                    error_code=_err(int(error)),
+                    name=name,
+                    partitions=(),
+                    topic_id=topic_id,
+                )
             )
             continue
         partitions = tuple(
@@ -291,7 +296,9 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
             )
             for p in meta.partitions
         )
-        topics.append(build(topic_t, error_code=_err(0), name=name, partitions=partitions, **extra))
+        topics.append(
+            build(topic_t, error_code=_err(0), name=name, partitions=partitions, topic_id=topic_id)
+        )
     brokers = tuple(
         build(broker_t, node_id=node, host=wire.config.host, port=port, rack=None)
         for node, port in enumerate(wire.ports)
