@@ -8,6 +8,7 @@ python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmark
 python -m bench fanout [--quick]  # bench.fanout, cross-process completion through Redis
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
+python -m bench proto-timer       # bench.proto_timer, W3 on a C prototype of the timer core
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ DELEGATED = {
     "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
     "kafka": ("bench.kafka", "librdkafka clients against purgatory-broker (acks=1/all)"),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
+    "proto-timer": ("bench.proto_timer", "W3 on a C prototype of the timer core (issue 12)"),
 }
 SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 

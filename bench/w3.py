@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from purgatory_aio import Timer
 
@@ -43,8 +43,6 @@ from ._common import (
     ratio,
     run_on,
 )
-
-CONTENDERS = ("harness", "timer", "call_later")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,22 +76,40 @@ def _never() -> None:  # pragma: no cover - the churn timers never fire
     raise AssertionError("a churn timer fired")
 
 
-def _adder(name: str) -> tuple[Callable[..., Any], Timer | None]:
-    if name == "timer":
-        timer = Timer()
-        return timer.call_later, timer
-    if name == "call_later":
-        return asyncio.get_running_loop().call_later, None
-    return _null_add, None
+class PendingTimer(Protocol):
+    """What a contender's timer offers the drivers besides its add function."""
+
+    def __len__(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
-async def _churn(name: str, size: int, params: W3Params) -> Record:
+#: A contender: called on the running loop, it returns the add function
+#: (``add(delay, callback, *args) -> handle with cancel()``) and the timer, if any.
+AdderFactory = Callable[[], tuple[Callable[..., Any], PendingTimer | None]]
+
+
+def _timer() -> tuple[Callable[..., Any], PendingTimer | None]:
+    timer = Timer()
+    return timer.call_later, timer
+
+
+ADDERS: dict[str, AdderFactory] = {
+    "harness": lambda: (_null_add, None),
+    "timer": _timer,
+    "call_later": lambda: (asyncio.get_running_loop().call_later, None),
+}
+
+
+async def _churn(
+    name: str, size: int, params: W3Params, adders: dict[str, AdderFactory] = ADDERS
+) -> Record:
     rng = random.Random(params.seed * 1_000_003 + size)
     lo, span = params.min_delay, params.max_delay - params.min_delay
     pairs = params.pairs
     delays = [lo + span * rng.random() for _ in range(size + pairs)]
     victims = [int(rng.random() * size) for _ in range(pairs)]
-    add, timer = _adder(name)
+    add, timer = adders[name]()
     perf, cpu = time.perf_counter, time.process_time
     initial = delays[:size]
     t0 = perf()
@@ -142,7 +158,9 @@ async def _churn(name: str, size: int, params: W3Params) -> Record:
     }
 
 
-async def _expire(name: str, size: int, params: W3Params) -> Record:
+async def _expire(
+    name: str, size: int, params: W3Params, adders: dict[str, AdderFactory] = ADDERS
+) -> Record:
     rng = random.Random(params.seed * 7_000_003 + size)
     spread = params.expire_spread
     delays = [spread * rng.random() for _ in range(size)]
@@ -156,7 +174,7 @@ async def _expire(name: str, size: int, params: W3Params) -> Record:
         if fired == size:
             done.set_result(None)
 
-    add, timer = _adder(name)
+    add, timer = adders[name]()
     perf, cpu = time.perf_counter, time.process_time
     t0, c0 = perf(), cpu()
     for delay in delays:
@@ -183,34 +201,48 @@ def run(
     progress.section(f"w3 timer core: pending {', '.join(f'{s:,}' for s in params.sizes)}")
     records = []
     for loop_name in loops:
-        table: dict[str, dict[str, Record]] = {name: {} for name in CONTENDERS}
-        for size in params.sizes:
-            for name in CONTENDERS:
-                with progress.task(f"w3 {loop_name} N={size:,} {name}"), quiesced():
-                    churn = run_on(
-                        loop_name,
-                        lambda name=name, size=size: _churn(name, size, params),  # type: ignore[misc]
-                    )
-                with quiesced():
-                    expire = run_on(
-                        loop_name,
-                        lambda name=name, size=size: _expire(name, size, params),  # type: ignore[misc]
-                    )
-                if expire["fired"] != size:
-                    raise RuntimeError(f"w3 {name}: {expire['fired']} of {size} timers fired")
-                table[name][str(size)] = {**churn, **expire}
-        harness = table["harness"]
-        for name in ("timer", "call_later"):
-            for size_key, row in table[name].items():
-                base = harness[size_key]
-                row["net_ns_per_pair"] = row["ns_per_pair"] - base["ns_per_pair"]
-                row["net_expire_cpu_us_per_timer"] = (
-                    row["expire_cpu_us_per_timer"] - base["expire_cpu_us_per_timer"]
-                )
+        table = measure(loop_name, params, progress)
         records.append(
             publish(_build_record(loop_name, params, table), loop_name, progress, results_dir)
         )
     return records
+
+
+def measure(
+    loop_name: str,
+    params: W3Params,
+    progress: Progress,
+    adders: dict[str, AdderFactory] = ADDERS,
+    label: str = "w3",
+) -> dict[str, dict[str, Record]]:
+    """Every contender of ``adders`` at every size, with figures net of the harness."""
+    table: dict[str, dict[str, Record]] = {name: {} for name in adders}
+    for size in params.sizes:
+        for name in adders:
+            with progress.task(f"{label} {loop_name} N={size:,} {name}"), quiesced():
+                churn = run_on(
+                    loop_name,
+                    lambda name=name, size=size: _churn(name, size, params, adders),  # type: ignore[misc]
+                )
+            with quiesced():
+                expire = run_on(
+                    loop_name,
+                    lambda name=name, size=size: _expire(name, size, params, adders),  # type: ignore[misc]
+                )
+            if expire["fired"] != size:
+                raise RuntimeError(f"{label} {name}: {expire['fired']} of {size} timers fired")
+            table[name][str(size)] = {**churn, **expire}
+    harness = table["harness"]
+    for name, rows in table.items():
+        if name == "harness":
+            continue
+        for size_key, row in rows.items():
+            base = harness[size_key]
+            row["net_ns_per_pair"] = row["ns_per_pair"] - base["ns_per_pair"]
+            row["net_expire_cpu_us_per_timer"] = (
+                row["expire_cpu_us_per_timer"] - base["expire_cpu_us_per_timer"]
+            )
+    return table
 
 
 def _build_record(loop_name: str, params: W3Params, table: dict[str, dict[str, Record]]) -> Record:
