@@ -2,14 +2,14 @@
 
 Issue 12 asks whether the wheel must move to a hand-written extension to reach
 Kafka's flat ~110-160 ns per add+cancel at 1M pending, and for a prototype's
-figures before committing to it. ``bench/proto/slabwheel.c`` is that prototype:
-entries in one slab of fixed-size slots, buckets as intrusive lists of slot
-indexes, and handles that the garbage collector does not track (its header says
-what each of these is meant to buy). This command compiles it with the
-interpreter's C compiler into ``build/proto/`` and runs W3's own drivers (the
-same schedules, harness and sizes as ``python -m bench w3``) on four contenders
-in one process: the harness, ``purgatory_aio.Timer`` (the build installed),
-the prototype, and ``loop.call_later``.
+figures before committing to it. ``bench/proto/cwheel.c`` is that prototype: the
+handle returned to Python is itself the node of its bucket's intrusive list,
+handles are not tracked by the garbage collector and come from a pool of huge
+pages (its header says what each of these is meant to buy). This command
+compiles it with the interpreter's C compiler into ``build/proto/`` and runs
+W3's own drivers (the same schedules, harness and sizes as ``python -m bench
+w3``) on four contenders in one process: the harness, ``purgatory_aio.Timer``
+(the build installed), the prototype, and ``loop.call_later``.
 
 The prototype is not part of the library and nothing imports it outside this
 command and its smoke test.
@@ -29,7 +29,9 @@ import sysconfig
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
+
+from purgatory_aio import LoopClock
 
 from . import w3
 from ._common import (
@@ -47,7 +49,7 @@ from ._common import (
     resolve_loops,
 )
 
-SOURCE = Path(__file__).resolve().parent / "proto" / "slabwheel.c"
+SOURCE = Path(__file__).resolve().parent / "proto" / "cwheel.c"
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "proto"
 
 
@@ -60,10 +62,10 @@ def load(build_dir: Path = BUILD_DIR) -> ModuleType:
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + sys.version.encode()).hexdigest()[:16]
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = build_dir / digest / f"slabwheel{suffix}"
+    target = build_dir / digest / f"cwheel{suffix}"
     if not target.exists():
         _compile(target)
-    spec = importlib.util.spec_from_file_location("slabwheel", target)
+    spec = importlib.util.spec_from_file_location("cwheel", target)
     if spec is None or spec.loader is None:  # pragma: no cover - a file we just built
         raise BuildError(f"cannot load {target}")
     module = importlib.util.module_from_spec(spec)
@@ -99,19 +101,25 @@ def _compile(target: Path) -> None:
     partial.replace(target)
 
 
+class _Cancellable(Protocol):
+    def cancel(self) -> object: ...
+
+
 class ProtoTimer:
-    """The prototype core on a running loop: one ``loop.call_at`` armed for its next bucket.
+    """The prototype core on a running loop: one wake-up armed for its next bucket.
 
     Arming is deferred to the end of the loop iteration (``call_soon``), as the
     library's Timer does, so a timeout added and cancelled in one iteration costs
     no re-arming.
     """
 
-    def __init__(self, slabwheel: ModuleType) -> None:
+    def __init__(self, cwheel: ModuleType) -> None:
         self._loop = asyncio.get_running_loop()
-        self._core: Any = slabwheel.Core(self._loop.time, self._sooner)
+        # The library Timer's clock: time.monotonic, wake-ups armed through the loop.
+        self._clock = LoopClock()
+        self._core: Any = cwheel.Core(self._clock.time, self._sooner)
         self.call_later = self._core.call_later
-        self._armed: asyncio.TimerHandle | None = None
+        self._armed: _Cancellable | None = None
         self._soon = False
 
     def __len__(self) -> int:
@@ -134,7 +142,7 @@ class ProtoTimer:
         self._disarm()
         if when < math.inf:
             self._core.armed_when = when
-            self._armed = self._loop.call_at(when, self._due)
+            self._armed = self._clock.call_at(when, self._due)
 
     def _disarm(self) -> None:
         if self._armed is not None:
@@ -145,7 +153,7 @@ class ProtoTimer:
     def _due(self) -> None:
         self._armed = None
         self._core.armed_when = math.inf
-        self._core.advance(self._loop.time())
+        self._core.advance(self._clock.time())
         self._rearm()
 
     def close(self) -> None:
@@ -153,11 +161,11 @@ class ProtoTimer:
         self._disarm()
 
 
-def adders(slabwheel: ModuleType) -> dict[str, w3.AdderFactory]:
+def adders(cwheel: ModuleType) -> dict[str, w3.AdderFactory]:
     """W3's contenders with the prototype beside the library's Timer."""
 
     def proto() -> tuple[Any, w3.PendingTimer | None]:
-        timer = ProtoTimer(slabwheel)
+        timer = ProtoTimer(cwheel)
         return timer.call_later, timer
 
     contenders = dict(w3.ADDERS)
@@ -263,14 +271,14 @@ def main(argv: list[str]) -> int:
     quiet_logs()
     mark_quick(args.quick)
     try:
-        slabwheel = load()
+        cwheel = load()
     except BuildError as exc:
         print(f"python -m bench proto-timer: {exc}", file=sys.stderr)
         return 2
     params = w3.params_from_args(args)
     progress = Progress(plain=args.plain)
     progress.section("proto-timer: the C prototype of the timer core on W3's drivers")
-    contenders = adders(slabwheel)
+    contenders = adders(cwheel)
     for loop_name in resolve_loops(args.loop, progress):
         table = w3.measure(loop_name, params, progress, contenders, label="proto-timer")
         publish(build_record(loop_name, params, table), loop_name, progress, args.results_dir)

@@ -1,4 +1,4 @@
-"""The C prototype of the timer core (``bench/proto/slabwheel.c``) behaves as a timer.
+"""The C prototype of the timer core (``bench/proto/cwheel.c``) behaves as a timer.
 
 Its figures in ``python -m bench proto-timer`` mean something only if it does the
 same work as ``purgatory_aio.Timer``: these drive it directly with a fake clock
@@ -24,7 +24,7 @@ LOOPS = ["asyncio"] + (["uvloop"] if uvloop_version() else [])
 
 
 @pytest.fixture(scope="module")
-def slabwheel(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def cwheel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return proto_timer.load(tmp_path_factory.mktemp("proto"))
 
 
@@ -37,9 +37,9 @@ class Clock:
         return self.now
 
 
-def make(slabwheel: Any, **kwargs: Any) -> tuple[Any, Clock]:
+def make(cwheel: Any, **kwargs: Any) -> tuple[Any, Clock]:
     clock = Clock()
-    core = slabwheel.Core(clock, clock.sooner.append, **kwargs)
+    core = cwheel.Core(clock, clock.sooner.append, **kwargs)
     return core, clock
 
 
@@ -55,8 +55,8 @@ def run_until(core: Any, clock: Clock, end: float) -> None:
     core.advance(end)
 
 
-def test_fires_in_deadline_order_never_early_at_every_level(slabwheel: Any) -> None:
-    core, clock = make(slabwheel)
+def test_fires_in_deadline_order_never_early_at_every_level(cwheel: Any) -> None:
+    core, clock = make(cwheel)
     rng = random.Random(7)
     fired: list[tuple[float, float]] = []
     delays = [
@@ -73,8 +73,8 @@ def test_fires_in_deadline_order_never_early_at_every_level(slabwheel: Any) -> N
     assert core.levels >= 4
 
 
-def test_equal_deadlines_fire_in_insertion_order_with_args(slabwheel: Any) -> None:
-    core, clock = make(slabwheel)
+def test_equal_deadlines_fire_in_insertion_order_with_args(cwheel: Any) -> None:
+    core, clock = make(cwheel)
     fired: list[int] = []
     for i in range(100):
         core.call_later(0.25, fired.append, i)
@@ -82,8 +82,8 @@ def test_equal_deadlines_fire_in_insertion_order_with_args(slabwheel: Any) -> No
     assert fired == list(range(100))
 
 
-def test_cancel_withdraws_once_and_stale_handles_do_nothing(slabwheel: Any) -> None:
-    core, clock = make(slabwheel)
+def test_cancel_withdraws_once_and_stale_handles_do_nothing(cwheel: Any) -> None:
+    core, clock = make(cwheel)
     fired: list[int] = []
     handles = [core.call_later(1.0 + i / 100, fired.append, i) for i in range(50)]
     assert handles[3].cancel() is True
@@ -98,8 +98,8 @@ def test_cancel_withdraws_once_and_stale_handles_do_nothing(slabwheel: Any) -> N
     assert all(not h.pending() and h.cancel() is False for h in handles)
 
 
-def test_a_callback_may_cancel_later_entries_of_its_own_batch(slabwheel: Any) -> None:
-    core, clock = make(slabwheel)
+def test_a_callback_may_cancel_later_entries_of_its_own_batch(cwheel: Any) -> None:
+    core, clock = make(cwheel)
     fired: list[str] = []
     later: list[Any] = []
 
@@ -115,8 +115,8 @@ def test_a_callback_may_cancel_later_entries_of_its_own_batch(slabwheel: Any) ->
     assert len(core) == 0
 
 
-def test_a_callback_re_adding_itself_with_no_delay_waits_for_the_next_pass(slabwheel: Any) -> None:
-    core, clock = make(slabwheel)
+def test_a_callback_re_adding_itself_with_no_delay_waits_for_the_next_pass(cwheel: Any) -> None:
+    core, clock = make(cwheel)
     runs = 0
 
     def again() -> None:
@@ -136,9 +136,9 @@ def test_a_callback_re_adding_itself_with_no_delay_waits_for_the_next_pass(slabw
 
 
 def test_a_raising_callback_is_counted_and_the_pass_goes_on(
-    slabwheel: Any, monkeypatch: pytest.MonkeyPatch
+    cwheel: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    core, clock = make(slabwheel)
+    core, clock = make(cwheel)
     fired: list[int] = []
     reported: list[type[BaseException] | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_type))
@@ -148,8 +148,8 @@ def test_a_raising_callback_is_counted_and_the_pass_goes_on(
     assert fired == [1] and core.errors == 1 and reported == [ZeroDivisionError]
 
 
-def test_bad_input_is_refused_and_changes_nothing(slabwheel: Any) -> None:
-    core, _ = make(slabwheel)
+def test_bad_input_is_refused_and_changes_nothing(cwheel: Any) -> None:
+    core, _ = make(cwheel)
     for delay in (-1.0, float("nan"), float("inf"), 1e300):
         with pytest.raises(ValueError):
             core.call_later(delay, print)
@@ -160,8 +160,8 @@ def test_bad_input_is_refused_and_changes_nothing(slabwheel: Any) -> None:
     assert len(core) == 0 and core.next_due() == float("inf")
 
 
-def test_the_earliest_new_bucket_is_reported_sooner(slabwheel: Any) -> None:
-    core, clock = make(slabwheel)
+def test_the_earliest_new_bucket_is_reported_sooner(cwheel: Any) -> None:
+    core, clock = make(cwheel)
     core.call_later(5.0, print)
     # Due when its bucket cascades, at the start of its level-2 slot (400 ticks).
     assert clock.sooner == [pytest.approx(1004.8)]
@@ -173,8 +173,8 @@ def test_the_earliest_new_bucket_is_reported_sooner(slabwheel: Any) -> None:
     core.close()
 
 
-def test_close_drops_everything_and_a_cycle_through_a_handle_is_collected(slabwheel: Any) -> None:
-    core, _ = make(slabwheel)
+def test_close_drops_everything_and_a_cycle_through_a_handle_is_collected(cwheel: Any) -> None:
+    core, _ = make(cwheel)
 
     class Request:
         handle: Any = None
@@ -192,7 +192,7 @@ def test_close_drops_everything_and_a_cycle_through_a_handle_is_collected(slabwh
     gc.collect()
     assert probe() is None and len(core) == 0
     # A core that is itself garbage, with a pending callback that refers back to it.
-    core2, _ = make(slabwheel)
+    core2, _ = make(cwheel)
     holder = Request()
     holder.handle = core2.call_later(100.0, holder.expire)
     holder.core = core2  # type: ignore[attr-defined]
@@ -204,12 +204,12 @@ def test_close_drops_everything_and_a_cycle_through_a_handle_is_collected(slabwh
 
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_bench_every_contender_fires_every_timer(
-    loop_name: str, slabwheel: Any, tmp_path: Path
+    loop_name: str, cwheel: Any, tmp_path: Path
 ) -> None:
     from bench import w3
 
     params = w3.W3Params(sizes=(200, 2_000), pairs=2_000, chunk=256, expire_spread=0.05)
-    table = w3.measure(loop_name, params, Progress(quiet=True), proto_timer.adders(slabwheel))
+    table = w3.measure(loop_name, params, Progress(quiet=True), proto_timer.adders(cwheel))
     assert set(table) == {"harness", "timer", "proto", "call_later"}
     for name in ("timer", "proto", "call_later"):
         for size, row in table[name].items():
@@ -217,3 +217,16 @@ def test_bench_every_contender_fires_every_timer(
             assert row["pending"] == int(size)
     record = proto_timer.build_record(loop_name, params, table)
     assert record["workload"] == "proto-timer" and record["headline"]
+
+
+def test_handles_outlive_their_core_and_their_own_firing(cwheel: Any) -> None:
+    core, clock = make(cwheel)
+    results: list[bool] = []
+    own: list[Any] = []
+    own.append(core.call_later(0.1, lambda: results.append(own[0].cancel())))
+    run_until(core, clock, clock.now + 1)
+    assert results == [False], "a fired handle cancels nothing, even from its own callback"
+    pending = core.call_later(50.0, print)
+    del core
+    gc.collect()
+    assert pending.pending() is False and pending.cancel() is False
