@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from purgatory_aio import DelayedOperation, Purgatory
 from purgatory_aio.testing import ManualClock
@@ -125,3 +128,75 @@ async def test_bad_thresholds_are_rejected(threshold: object, error: type[Except
         with pytest.raises(error, match="threshold"):
             await p.watch_threshold(op, "k", threshold)  # type: ignore[arg-type]
         assert p.watched == 0 and op.deadline is None
+
+
+class Recorded(DelayedOperation[None]):
+    """Completes when the counter reaches its target; records the completion order."""
+
+    def __init__(self, counter: Counter, target: int, log: list[int], ident: int) -> None:
+        super().__init__(1000)
+        self.counter = counter
+        self.target = target
+        self.log = log
+        self.ident = ident
+
+    def try_complete(self) -> bool:
+        return self.counter.value >= self.target and self.force_complete()
+
+    def on_complete(self) -> None:
+        self.log.append(self.ident)
+
+
+_actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("watch"), st.integers(0, 2_000)),
+        st.tuples(st.just("advance"), st.integers(0, 8)),
+        st.tuples(st.just("cancel"), st.integers(0, 10_000)),
+    ),
+    max_size=600,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=_actions, ascending=st.booleans())
+def test_index_takes_exactly_the_reached_operations_lowest_first(
+    actions: list[tuple[str, int]], ascending: bool
+) -> None:
+    """Against a model: every advance completes exactly the pending operations whose
+    threshold it reaches, by (threshold, arrival), however pushes, advances and
+    cancellations interleave (enough of them to exercise the index's merges)."""
+
+    async def scenario() -> None:
+        counter = Counter()
+        log: list[int] = []
+        pending: dict[int, Recorded] = {}
+        async with Purgatory("model", clock=ManualClock()) as p:
+            for n, (action, arg) in enumerate(actions):
+                if action == "watch":
+                    # Rising thresholds (the common case) or any order around the value.
+                    target = counter.value + (n % 61 if ascending else arg)
+                    op = Recorded(counter, target, log, n)
+                    done = await p.watch_threshold(op, "k", target)
+                    assert done is (target <= counter.value)
+                    if not done:
+                        pending[n] = op
+                elif action == "advance":
+                    counter.value += arg
+                    due = sorted(
+                        (op.target, ident)
+                        for ident, op in pending.items()
+                        if op.target <= counter.value
+                    )
+                    del log[:]
+                    assert p.advance_key("k", counter.value) == len(due)
+                    assert log == [ident for _, ident in due]
+                    for _, ident in due:
+                        del pending[ident]
+                elif pending:
+                    ident = sorted(pending)[arg % len(pending)]
+                    assert pending.pop(ident).cancel()
+                assert p.num_delayed == len(pending)
+            counter.value += 10_000
+            assert p.advance_key("k", counter.value) == len(pending)
+
+    asyncio.run(scenario())
