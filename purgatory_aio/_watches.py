@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from bisect import bisect_right
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
@@ -45,6 +46,10 @@ _order = itertools.count()
 #: thresholds stay first-in first-out.
 Entry = tuple[float, int, "DelayedOperation[Any]"]
 
+#: What a consumed slot of a sorted run holds until the slots before ``start`` are
+#: dropped: no operation, so a taken operation is not kept alive by the index.
+_CONSUMED: Final[tuple[float, int, Any]] = (-math.inf, -1, None)
+
 #: The fresh heap is merged into the sorted run once it holds more than this many
 #: entries and more than an eighth of the run (amortized O(1) per push).
 MERGE_MIN: Final = 64
@@ -64,17 +69,16 @@ class ThresholdIndex:
     * ``fresh``, a heap of the entries pushed since the run was last rebuilt. An
       entry at or above the run's end joins the run directly (thresholds that
       rise with the key's value, the common case); others wait here and are
-      merged into the run (one sort, which finds the two runs and merges them)
-      once the heap outgrows an eighth of the run.
+      merged into the run once the heap outgrows an eighth of the run.
 
-    Consumed slots before ``start`` are cleared at once (they hold no operation)
-    and dropped once they make up half of the list.
+    Consumed slots before ``start`` are overwritten at once (they hold no
+    operation) and dropped once they make up half of the list.
     """
 
     __slots__ = ("fresh", "run", "stale", "start")
 
     def __init__(self) -> None:
-        self.run: list[Entry | None] = []
+        self.run: list[Entry] = []
         self.start = 0
         self.fresh: list[Entry] = []
         self.stale = 0  # settled operations still held
@@ -93,9 +97,7 @@ class ThresholdIndex:
                     self.start = 0
                 run.append(entry)
                 return
-            last = run[-1]
-            assert last is not None
-            if threshold >= last[0]:
+            if threshold >= run[-1][0]:
                 run.append(entry)
                 return
         heapq.heappush(fresh, entry)
@@ -103,16 +105,32 @@ class ThresholdIndex:
             self._merge()
 
     def _merge(self) -> None:
-        """Fold the fresh heap into the sorted run."""
-        live = self._live_run()
-        live.extend(self.fresh)
-        live.sort()  # the run is sorted already: the sort only places the heap's part
-        self.run = live  # type: ignore[assignment]
-        self.start = 0
+        """Fold the fresh heap into the sorted run.
+
+        Only the part of the run above the smallest fresh entry is re-sorted with
+        the heap's entries: with thresholds that mostly rise, that part is short,
+        and a merge costs O(k log k) for k fresh entries rather than a pass over
+        the whole run (whose entries are scattered in memory).
+        """
+        run = self.run
+        if self.start:
+            del run[: self.start]
+            self.start = 0
+        fresh = self.fresh
         self.fresh = []
+        fresh.sort()
+        if run and fresh[0] < run[-1]:
+            cut = bisect_right(run, fresh[0])
+            tail = run[cut:]
+            del run[cut:]
+            tail.extend(fresh)
+            tail.sort()
+            run.extend(tail)
+        else:
+            run.extend(fresh)
 
     def _live_run(self) -> list[Entry]:
-        return self.run[self.start :]  # type: ignore[return-value]
+        return self.run[self.start :]
 
     def pop_reached(self, value: float) -> list[DelayedOperation[Any]]:
         """Remove and return every entry whose threshold is <= value, lowest first."""
@@ -120,21 +138,18 @@ class ThresholdIndex:
         run = self.run
         start = self.start
         size = len(run)
-        if start < size:
-            first = run[start]
-            assert first is not None
-            if first[0] <= value:
-                end = bisect_right(run, value, start, size, key=_threshold)
-                taken = run[start:end]  # type: ignore[assignment]
-                if end == size:
-                    run.clear()
-                    end = 0
-                elif end > size >> 1:
-                    del run[:end]
-                    end = 0
-                else:
-                    run[start:end] = [None] * (end - start)
-                self.start = end
+        if start < size and run[start][0] <= value:
+            end = bisect_right(run, value, start, size, key=_threshold)
+            taken = run[start:end]
+            if end == size:
+                run.clear()
+                end = 0
+            elif end > size >> 1:
+                del run[:end]
+                end = 0
+            else:
+                run[start:end] = [_CONSUMED] * (end - start)
+            self.start = end
         fresh = self.fresh
         if fresh and fresh[0][0] <= value:
             from_heap = []
@@ -170,8 +185,7 @@ class ThresholdIndex:
         return [entry[2] for entry in entries]
 
 
-def _threshold(entry: Entry | None) -> float:
-    assert entry is not None
+def _threshold(entry: Entry) -> float:
     return entry[0]
 
 

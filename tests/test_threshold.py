@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
+import weakref
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -200,3 +202,20 @@ def test_index_takes_exactly_the_reached_operations_lowest_first(
             assert p.advance_key("k", counter.value) == len(pending)
 
     asyncio.run(scenario())
+
+
+async def test_the_index_keeps_no_completed_operation_alive() -> None:
+    counter = Counter()
+    # purge_interval=1: the purge's own list of retired operations holds one at most.
+    async with Purgatory("hw", clock=ManualClock(), purge_interval=1) as p:
+        ops = [WaitFor(counter, t) for t in range(1, 101)]
+        for op in ops:
+            await p.watch_threshold(op, "k", op.target)
+        probes = [weakref.ref(op) for op in ops[:10]]
+        counter.value = 10
+        assert p.advance_key("k", 10) == 10  # a tenth: the index keeps its list, minus them
+        del ops[:10], op
+        gc.collect()
+        assert sum(probe() is not None for probe in probes) <= 1
+        counter.value = 100
+        assert p.advance_key("k", 100) == 90 and p.watched == 0
