@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -115,11 +116,13 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     cwd = Path.cwd()
     os.chdir(out)
     try:
+        extensions = mypycify(sources, opt_level="3", debug_level="0")
+        _clear_weakrefs_on_dealloc(extensions)
         setup(
             name="purgatory-aio-compiled",
             packages=[],
             py_modules=[],
-            ext_modules=mypycify(sources, opt_level="3", debug_level="0"),
+            ext_modules=extensions,
             script_args=["-q" if quiet else "-v", "build_ext", "--inplace", "--build-temp", "tmp"],
         )
     finally:
@@ -131,6 +134,41 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     if absent:
         raise BuildError(f"mypyc produced no extension for: {', '.join(absent)}")
     return package
+
+
+#: What the weakref fix puts before every compiled deallocator frees its object.
+_CLEAR_WEAKREFS = "if (Py_TYPE(self)->tp_weaklistoffset) PyObject_ClearWeakRefs((PyObject *)self);"
+_FREEING = re.compile(r"^(?P<indent>[ \t]*)CPy_TRASHCAN_BEGIN\(self, ", re.MULTILINE)
+
+
+def _clear_weakrefs_on_dealloc(extensions: list[Any]) -> None:
+    """Make the generated deallocators clear weak references first.
+
+    A compiled class with a Python class in its MRO (``DelayedOperation`` has
+    ``typing.Generic``) gets ``__dict__`` and ``__weakref__`` slots of its own on
+    Python < 3.12, so ``subtype_dealloc`` leaves the weak references to a user's
+    subclass instance to it, and mypyc's deallocator then only drops the list's
+    head pointer: calling a weak reference to a freed operation crashed the
+    interpreter (``weakref.ref(op)()`` after ``del op``). Every deallocator now
+    calls ``PyObject_ClearWeakRefs`` before freeing, as CPython's own
+    ``subtype_dealloc`` does (a no-op where the list is already empty).
+    ``tests/test_operation_weakrefs.py`` holds both builds to it. mypyc itself is
+    compiled, so its code generator cannot be patched: the C it wrote is.
+    """
+    patched = 0
+    for extension in extensions:
+        for source in extension.sources:
+            path = Path(source)
+            text = path.read_text()
+            text, count = _FREEING.subn(lambda m: f"{m['indent']}{_CLEAR_WEAKREFS}\n{m[0]}", text)
+            if count:
+                path.write_text(text)
+                patched += count
+    if not patched:
+        raise BuildError(
+            "this mypyc version writes its deallocators differently: the weakref fix in "
+            f"{Path(__file__).name} does not apply (build with {ENV_VAR}=pure)"
+        )
 
 
 class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
