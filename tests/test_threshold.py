@@ -219,3 +219,55 @@ async def test_the_index_keeps_no_completed_operation_alive() -> None:
         assert sum(probe() is not None for probe in probes) <= 1
         counter.value = 100
         assert p.advance_key("k", 100) == 90 and p.watched == 0
+
+
+async def test_callbacks_that_advance_and_cancel_during_advance_key() -> None:
+    """Re-entrant calls from on_complete while advance_key walks what it took: a
+    nested advance_key on the same key with a higher value, and cancelling another
+    pending operation; between walks, new watches on the key (some already reached).
+    Every operation settles exactly once, none before its threshold."""
+    counter = Counter()
+    settled: dict[int, int] = {}
+    ops: list[DelayedOperation[None]] = []
+    nested = [0, 0]  # nested advances, cancellations from callbacks
+
+    class Hostile(DelayedOperation[None]):
+        def __init__(self, target: int) -> None:
+            super().__init__(1000)
+            self.target = target
+            self.ident = len(ops)
+            ops.append(self)
+
+        def try_complete(self) -> bool:
+            return counter.value >= self.target and self.force_complete()
+
+        def on_complete(self) -> None:
+            assert counter.value >= self.target, "completed before its threshold"
+            settled[self.ident] = settled.get(self.ident, 0) + 1
+            if self.ident % 5 == 1 and counter.value < 450:
+                counter.value += 2
+                nested[0] += 1
+                p.advance_key("k", counter.value)
+            elif self.ident % 5 == 2:
+                later = [op for op in ops[self.ident :] if not op.done()]
+                if later:
+                    nested[1] += later[len(later) // 2].cancel()
+
+    async with Purgatory("hostile", clock=ManualClock()) as p:
+        for target in range(300, 0, -1):  # descending: pushes wait in the heap, then merge
+            await p.watch_threshold(Hostile(target), "k", target)
+        for _ in range(200):
+            counter.value += 7
+            p.advance_key("k", counter.value)
+            for offset in (-3, 5, 40):
+                target = counter.value + offset
+                await p.watch_threshold(Hostile(target), "k", target)
+            if counter.value > 500:
+                break
+        counter.value = 10**6
+        p.advance_key("k", counter.value)
+        assert p.num_delayed == 0
+    assert nested[0] > 10 and nested[1] > 10, nested
+    assert all(count == 1 for count in settled.values())
+    assert {i for i, op in enumerate(ops) if op.is_completed} == set(settled)
+    assert all(op.done() for op in ops)
