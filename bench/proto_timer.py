@@ -125,10 +125,6 @@ class ProtoTimer:
     def __len__(self) -> int:
         return len(self._core)
 
-    @property
-    def errors(self) -> int:
-        return int(self._core.errors)
-
     def _sooner(self, when: float) -> None:
         if not self._soon:
             self._soon = True

@@ -90,16 +90,9 @@ class ThresholdIndex:
         entry: Entry = (threshold, next(_order), op)
         run = self.run
         fresh = self.fresh
-        if not fresh:
-            if self.start == len(run):
-                if self.start:
-                    run.clear()
-                    self.start = 0
-                run.append(entry)
-                return
-            if threshold >= run[-1][0]:
-                run.append(entry)
-                return
+        if not fresh and (self.start == len(run) or threshold >= run[-1][0]):
+            run.append(entry)  # still sorted: no live entry of the run is above it
+            return
         heapq.heappush(fresh, entry)
         if len(fresh) > MERGE_MIN and len(fresh) > (len(run) - self.start) >> 3:
             self._merge()

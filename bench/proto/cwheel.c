@@ -412,15 +412,10 @@ fire_bucket(CoreObject *c, uint32_t b, int64_t expiration, double now)
     }
     sort_batch(batch, tmp, (size_t)n);
     PyMem_Free(tmp);
-    int status = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         HandleObject *h = batch[i]; /* the core's reference, now the batch's */
-        if (h->bucket != DETACHED || status < 0) {
-            /* cancelled by an earlier callback of this batch (or an error left it) */
-            if (h->bucket == DETACHED) {
-                c->count--;
-                handle_settle(h);
-            }
+        if (h->bucket != DETACHED) {
+            /* cancelled by an earlier callback of this batch: nothing to do */
         } else if (h->deadline <= now) {
             PyObject *call = h->call;
             int packed = h->packed;
@@ -443,16 +438,23 @@ fire_bucket(CoreObject *c, uint32_t b, int64_t expiration, double now)
             }
             Py_DECREF(call);
         } else {
-            /* Later in this tick (or a hair early through float rounding): back in. */
+            /* Later in this tick (or a hair early through float rounding): back in,
+             * the batch's reference becoming the bucket's again. */
             int64_t at = (double)expiration * c->tick > now ? expiration : expiration + 1;
-            if (place(c, h, at) < 0)
-                status = -1;
-            Py_INCREF(h); /* the bucket's reference again */
+            if (place(c, h, at) == 0)
+                continue;
+            /* Out of memory: reported and counted; an entry left unplaced is dropped. */
+            c->errors++;
+            PyErr_WriteUnraisable(NULL);
+            if (h->bucket != DETACHED)
+                continue;
+            c->count--;
+            handle_settle(h);
         }
         Py_DECREF(h);
     }
     PyMem_Free(batch);
-    return status;
+    return 0;
 }
 
 static int
@@ -493,6 +495,18 @@ drop_all(CoreObject *c)
 
 /* ---- the core object ------------------------------------------------- */
 
+/* The clock's reading in seconds, or -1 with an exception set. */
+static int
+read_clock(PyObject *clock, double *now)
+{
+    PyObject *reading = PyObject_CallNoArgs(clock);
+    if (reading == NULL)
+        return -1;
+    *now = PyFloat_AsDouble(reading);
+    Py_DECREF(reading);
+    return *now == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *
 Core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -507,12 +521,8 @@ Core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "tick must be >= 1e-9 s and wheel_size in 2..4096");
         return NULL;
     }
-    PyObject *now_obj = PyObject_CallNoArgs(clock);
-    if (now_obj == NULL)
-        return NULL;
-    double now = PyFloat_AsDouble(now_obj);
-    Py_DECREF(now_obj);
-    if (now == -1.0 && PyErr_Occurred())
+    double now;
+    if (read_clock(clock, &now) < 0)
         return NULL;
     CoreObject *c = (CoreObject *)type->tp_alloc(type, 0);
     if (c == NULL)
@@ -610,12 +620,8 @@ Core_call_later(CoreObject *c, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "callback must be callable, got %R", args[1]);
         return NULL;
     }
-    PyObject *now_obj = PyObject_CallNoArgs(c->clock);
-    if (now_obj == NULL)
-        return NULL;
-    double now = PyFloat_AsDouble(now_obj);
-    Py_DECREF(now_obj);
-    if (now == -1.0 && PyErr_Occurred())
+    double now;
+    if (read_clock(c->clock, &now) < 0)
         return NULL;
     double deadline = now + delay;
     if (deadline >= c->horizon) {
