@@ -29,6 +29,8 @@ SHADES = {
     "orange": ("#c2500a", "#fdb36b"),
     "red": ("#a50f15", "#f4878a"),
     "gray": ("#4d4d4d", "#b3b3b3"),
+    "green": ("#1b7837", "#8fd18f"),
+    "brown": ("#7f3b08", "#d9a66b"),
 }
 
 
@@ -223,22 +225,29 @@ def _cost_chart(plt: Any, chosen: dict[tuple[str, str], Record]) -> Any:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(15, 7))
     ax = axes[0]
+    w3_series = (
+        ("timer", "ns_per_pair", "churn", "blue"),
+        ("call_later", "ns_per_pair", "churn", "orange"),
+        ("timer", "long_ns_per_pair", "add+cancel", "green"),
+        ("call_later", "long_ns_per_pair", "add+cancel", "brown"),
+    )
     for record in w3:
-        for name, family in (("timer", "blue"), ("call_later", "orange")):
+        for name, metric, what, family in w3_series:
             rows = record["results"]["contenders"][name]
-            sizes = sorted(int(s) for s in rows)
-            ax.plot(
-                sizes,
-                [rows[str(s)]["ns_per_pair"] for s in sizes],
-                label=f"{name} ({variant(record)})",
-                **_style(record, family),
-            )
+            sizes = sorted(int(s) for s in rows if metric in rows[s])
+            if sizes:
+                ax.plot(
+                    sizes,
+                    [rows[str(s)][metric] for s in sizes],
+                    label=f"{name} {what} ({variant(record)})",
+                    **_style(record, family),
+                )
     ax.set(
         xscale="log",
         yscale="log",
         xlabel="pending timers",
-        ylabel="CPU ns per add+cancel",
-        title="W3 timer add+cancel",
+        ylabel="CPU ns per pair",
+        title="W3 add+cancel of a random long delay, and churn",
     )
     families = {"watch-list": "red", "threshold-index": "blue", "naive-futures": "orange"}
     for ax, series, metric, title in (

@@ -1,22 +1,39 @@
 """A timer bucket: the entries of one wheel slot for one rotation.
 
-Entries live in an insertion-ordered dict used as a set, so adding and
-removing one is O(1) and the bucket needs no linked list of its own. The order
-matters: entries with equal deadlines fire in the order they were added, which
-keeps runs on a ManualClock deterministic (a set would order them by address).
+Entries are chained through their own ``_prev``/``_next`` fields (an intrusive
+doubly linked list, Kafka's shape), so adding one writes the bucket's tail and
+removing one writes its two neighbours: O(1) with no hashing. It replaced an
+insertion-ordered dict used as a set. Measured by ``python -m bench w3`` on the
+compiled build, a timer of a random long delay added and cancelled at once among
+1M pending cost 137-356 ns net with the dicts, depending on how full they happened
+to be (a probe into a dict of 250k entries is a cache miss, and dead slots
+lengthen the probes), and costs 94-99 ns with the lists, the same as among 1k;
+cancelling a random one of 1M pending (W3's churn) went from 1.0-1.4 us to
+0.6-0.8 us, two neighbours' cache lines instead of a probe sequence. On the pure
+build linking is interpreted attribute writes and costs more than a dict insert
+(W1-user +0.1 us per operation, W3 add+expire +0.4 us per timer); the compiled
+build is what users get by default. The order matters: entries with equal
+deadlines fire in the order they were added, which keeps runs on a ManualClock
+deterministic.
+
+Only this module links and unlinks entries; the timer owns everything else.
 """
 
 from __future__ import annotations
 
 from math import inf as INF
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from ._timer import TimerEntry
 
+#: The level of a carry: a large higher-level bucket whose cascade is in progress
+#: (see Timer._cascade_urgent). It is queued after every wheel level at an equal due tick.
+CARRY_LEVEL: Final = -1
+
 
 class Bucket:
-    """One slot of one wheel level.
+    """One slot of one wheel level, or a carry (``level == CARRY_LEVEL``).
 
     ``expiration`` is the tick index at which the bucket comes due at the latest,
     or -1 while it is not queued; it is processed from ``first`` on. A bucket
@@ -24,10 +41,12 @@ class Bucket:
     at most once per rotation of its wheel.
     """
 
-    __slots__ = ("entries", "expiration", "first", "level")
+    __slots__ = ("expiration", "first", "head", "level", "size", "tail")
 
     def __init__(self, level: int) -> None:
-        self.entries: dict[TimerEntry, None] = {}
+        self.head: TimerEntry | None = None
+        self.tail: TimerEntry | None = None
+        self.size = 0
         self.expiration = -1
         # The earliest deadline placed in it this rotation (entries cancelled since may
         # leave it too early, never too late): the reaper wakes for it, not for the
@@ -36,26 +55,68 @@ class Bucket:
         self.level = level
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return self.size
 
     def __repr__(self) -> str:
-        return f"<Bucket level={self.level} expiration={self.expiration} size={len(self.entries)}>"
+        return f"<Bucket level={self.level} expiration={self.expiration} size={self.size}>"
 
+    def append(self, entry: TimerEntry) -> None:
+        """Link ``entry`` (in no bucket) at the end."""
+        tail = self.tail
+        entry._prev = tail
+        entry._next = None
+        if tail is None:
+            self.head = entry
+        else:
+            tail._next = entry
+        self.tail = entry
+        entry._bucket = self
+        self.size += 1
 
-class Carry(Bucket):
-    """A cascade in progress: entries of a large higher-level bucket still to be placed.
+    def remove(self, entry: TimerEntry) -> None:
+        """Unlink ``entry``, which is in this bucket."""
+        prev = entry._prev
+        after = entry._next
+        if prev is None:
+            self.head = after
+        else:
+            prev._next = after
+            entry._prev = None
+        if after is None:
+            self.tail = prev
+        else:
+            after._prev = prev
+            entry._next = None
+        entry._bucket = None
+        self.size -= 1
 
-    It is queued like a bucket (a carry ranks after level 0 at equal due ticks) and
-    each reaper pass places the next chunk of its entries, so a bucket holding a
-    large share of everything pending never stalls the loop in one go.
-    """
+    def entries(self) -> list[TimerEntry]:
+        """The entries, oldest first, left in place."""
+        out: list[TimerEntry] = []
+        entry = self.head
+        while entry is not None:
+            out.append(entry)
+            entry = entry._next
+        return out
 
-    __slots__ = ()
+    def take(self, limit: int = -1) -> list[TimerEntry]:
+        """Unlink and return the oldest ``limit`` entries (all if negative), oldest first.
 
-    def __init__(self, entries: dict[TimerEntry, None]) -> None:
-        super().__init__(CARRY_LEVEL)
-        self.entries = entries
-
-
-#: The level a carry is queued at: after every wheel level at an equal due tick.
-CARRY_LEVEL = -1
+        Each comes back in no bucket, so the caller may fire, drop or re-place it.
+        """
+        out: list[TimerEntry] = []
+        entry = self.head
+        while entry is not None and limit != 0:
+            after = entry._next
+            entry._prev = entry._next = None
+            entry._bucket = None
+            out.append(entry)
+            entry = after
+            limit -= 1
+        self.head = entry
+        if entry is None:
+            self.tail = None
+        else:
+            entry._prev = None
+        self.size -= len(out)
+        return out

@@ -1,7 +1,7 @@
 """Hierarchical timing wheel with one deadline-driven asyncio reaper.
 
-Adding or cancelling a timer touches one bucket dict: O(1) whatever the number
-pending. Only buckets go into the priority queue of due times, each at most
+Adding or cancelling a timer links or unlinks it in one bucket's list: O(1)
+whatever the number pending. Only buckets go into the priority queue of due times, each at most
 once per rotation, so the queue stays as small as the number of non-empty
 slots. One reaper task sleeps until the earliest queued bucket is due; with
 nothing pending it sleeps on a future nobody resolves, so an idle timer costs
@@ -24,11 +24,10 @@ import asyncio
 import heapq
 import math
 from collections.abc import Callable
-from itertools import islice
 from operator import attrgetter
 from typing import Any, Final, SupportsFloat, SupportsIndex, final
 
-from ._bucket import Bucket, Carry
+from ._bucket import CARRY_LEVEL, Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
 from ._errors import FATAL
 from ._logging import get_logger
@@ -64,14 +63,17 @@ _callable: Final = callable  # a static in the compiled build, not a builtins lo
 class TimerEntry:
     """Something the timer can hold: a deadline, its bucket, and what to do when due.
 
-    Subclasses implement :meth:`_fire`. The timer owns ``_bucket``; ``_deadline``
-    is set by the timer when the entry is added.
+    Subclasses implement :meth:`_fire`. The timer owns ``_bucket`` and
+    ``_deadline``; ``_prev``/``_next`` chain the entry in its bucket, and only the
+    bucket touches them.
     """
 
-    __slots__ = ("_bucket", "_deadline")
+    __slots__ = ("_bucket", "_deadline", "_next", "_prev")
 
     _deadline: float
     _bucket: Bucket | None
+    _prev: TimerEntry | None
+    _next: TimerEntry | None
 
     def _fire(self) -> None:
         raise NotImplementedError
@@ -227,7 +229,7 @@ class Timer:
         self._level0 = Wheel(0, 1, size, start)
         self._levels = [self._level0]
         self._heap: list[tuple[int, int, int, Bucket]] = []
-        self._carries: set[Carry] = set()  # cascades still being placed
+        self._carries: set[Bucket] = set()  # cascades still being placed
         self._count = 0
         self._due_tick = 0  # the tick of the bucket a pass is flushing
         self._epoch = 0  # counts drains, so a pass notices close() from a callback
@@ -350,8 +352,7 @@ class Timer:
             if tick_index < current:
                 tick_index = current
             bucket = wheel.buckets[tick_index % wheel.size]
-            bucket.entries[entry] = None
-            entry._bucket = bucket
+            bucket.append(entry)
             if bucket.expiration != tick_index:
                 bucket.first = deadline
                 self._queue(bucket, tick_index)
@@ -409,8 +410,7 @@ class Timer:
 
     def _into(self, bucket: Bucket, entry: TimerEntry, expiration: int) -> None:
         """Put ``entry`` in ``bucket``, due at tick ``expiration`` (inlined in ``_add``)."""
-        bucket.entries[entry] = None
-        entry._bucket = bucket
+        bucket.append(entry)
         deadline = entry._deadline
         if bucket.expiration != expiration:
             bucket.first = deadline  # a new rotation of this slot
@@ -444,8 +444,7 @@ class Timer:
     def _remove(self, entry: TimerEntry) -> None:
         """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
         bucket: Bucket = entry._bucket  # type: ignore[assignment]
-        del bucket.entries[entry]
-        entry._bucket = None
+        bucket.remove(entry)
         self._count -= 1
         # An emptied bucket stays queued: at worst the reaper wakes for it once and
         # finds nothing. Only when nothing at all is pending is the wake-up withdrawn.
@@ -457,13 +456,10 @@ class Timer:
         entries: list[TimerEntry] = []
         buckets = [bucket for wheel in self._levels for bucket in wheel.buckets]
         for bucket in [*buckets, *self._carries]:
-            if bucket.entries:
-                entries.extend(bucket.entries)
-                bucket.entries = {}
+            if bucket.size:
+                entries.extend(bucket.take())
             bucket.expiration = -1
         self._carries.clear()
-        for entry in entries:
-            entry._bucket = None
         entries.sort(key=_by_deadline)
         self._heap.clear()
         self._count = 0
@@ -544,7 +540,7 @@ class Timer:
         heap = self._heap
         while heap:
             expiration, _, _, bucket = heap[0]
-            if bucket.expiration == expiration and bucket.entries:
+            if bucket.expiration == expiration and bucket.size:
                 when = expiration * self._tick
                 if bucket.first < when:
                     when = bucket.first
@@ -566,7 +562,7 @@ class Timer:
 
     def _advance(self, now: float) -> None:
         """One pass: flush every bucket due by ``now``, then catch the wheels up."""
-        carried: list[Carry] = []
+        carried: list[Bucket] = []
         epoch = self._epoch
         self._reaping = True
         try:
@@ -576,9 +572,10 @@ class Timer:
                 if bucket is None:
                     self._catch_up(now)
                     break
-                if type(bucket) is Carry:
+                level = bucket.level
+                if level == CARRY_LEVEL:
                     self._feed_carry(bucket, carried)
-                elif bucket.level:
+                elif level:
                     self._cascade(bucket, now, carried)
                 else:
                     fired.add(id(bucket))
@@ -612,10 +609,10 @@ class Timer:
             if bucket.expiration != expiration:
                 continue  # queued for a rotation that was reset meanwhile
             bucket.expiration = -1
-            if type(bucket) is not Carry:
+            if bucket.level != CARRY_LEVEL:
                 for wheel in self._levels:
                     wheel.advance(expiration)
-                if not bucket.entries:
+                if not bucket.size:
                     continue
             self._due_tick = expiration
             return bucket
@@ -632,12 +629,10 @@ class Timer:
     def _fire_bucket(self, bucket: Bucket, now: float) -> None:
         """Fire a due level-0 bucket's entries whose deadline has passed, in deadline order."""
         expiration = self._due_tick
-        entries = bucket.entries
-        bucket.entries = {}
         # Detach the batch first: a callback may cancel or re-add any entry of it.
-        for entry in entries:
-            entry._bucket = None
-        batch = sorted(entries, key=_by_deadline) if len(entries) > 1 else list(entries)
+        batch = bucket.take()
+        if len(batch) > 1:
+            batch.sort(key=_by_deadline)
         epoch = self._epoch
         tick = self._tick
         for position, entry in enumerate(batch):
@@ -673,53 +668,49 @@ class Timer:
             else:
                 self._place(entry, expiration)
 
-    def _cascade(self, bucket: Bucket, now: float, carried: list[Carry]) -> None:
+    def _cascade(self, bucket: Bucket, now: float, carried: list[Bucket]) -> None:
         """Move a due higher-level bucket's entries down to the levels that now cover them."""
         expiration = self._due_tick
-        entries = bucket.entries
-        if len(entries) > CASCADE_CHUNK:
+        if bucket.size > CASCADE_CHUNK:
             self._cascade_urgent(bucket, now, expiration, carried)
             return
-        bucket.entries = {}
-        for entry in entries:
+        for entry in bucket.take():
             self._place(entry, expiration)
 
     def _cascade_urgent(
-        self, bucket: Bucket, now: float, expiration: int, carried: list[Carry]
+        self, bucket: Bucket, now: float, expiration: int, carried: list[Bucket]
     ) -> None:
         """Cascade a large bucket: place at once only the entries due soon.
 
         A high-level bucket can hold a large share of everything pending (one
         level-2 slot spans 400 ms at the default shape). Re-placing all of it in one
         go would stall the loop and make every timer due meanwhile late. Instead its
-        entries leave the slot as a :class:`Carry` (a fresh bucket takes the slot, so
-        no entry is touched to move it): the entries due soon are placed now, the
-        rest a chunk per loop iteration, well before any of them is due.
+        bucket itself becomes a *carry* (level ``CARRY_LEVEL``) and a fresh bucket
+        takes its slot, so no entry is touched to move it: the entries due soon are
+        placed now, the rest a chunk per loop iteration, well before any is due.
         """
         wheel = self._levels[bucket.level]
         wheel.buckets[(expiration // wheel.tick) % wheel.size] = Bucket(bucket.level)
-        # The carry shares the bucket's dict, which its entries still point to (through
-        # their _bucket), so a cancel during the cascade finds them where they are.
-        carry = Carry(bucket.entries)
-        entries = carry.entries
+        # Its entries still point to it (through their _bucket), so a cancel during
+        # the cascade finds them where they are.
+        bucket.level = CARRY_LEVEL
         # Enough lead for the chunks to finish first, at a chunk per millisecond or so.
-        lead = max(2 * self._levels[wheel.level - 1].tick * self._tick, len(entries) / 500_000)
+        lead = max(2 * self._levels[wheel.level - 1].tick * self._tick, bucket.size / 500_000)
         horizon = now + lead
-        for entry in [entry for entry in entries if entry._deadline < horizon]:
-            del entries[entry]
-            self._place(entry, expiration)
-        if entries:
-            self._carries.add(carry)
-            carried.append(carry)
+        for entry in bucket.entries():
+            if entry._deadline < horizon:
+                bucket.remove(entry)
+                self._place(entry, expiration)
+        if bucket.size:
+            self._carries.add(bucket)
+            carried.append(bucket)
 
-    def _feed_carry(self, carry: Carry, carried: list[Carry]) -> None:
+    def _feed_carry(self, carry: Bucket, carried: list[Bucket]) -> None:
         """Place the next chunk of a carried cascade."""
-        entries = carry.entries
         floor = self._level0.current
-        for entry in list(islice(entries, CASCADE_CHUNK)):
-            del entries[entry]
+        for entry in carry.take(CASCADE_CHUNK):
             self._place(entry, floor)
-        if entries:
+        if carry.size:
             carried.append(carry)
         else:
             self._carries.discard(carry)

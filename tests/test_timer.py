@@ -18,7 +18,7 @@ from purgatory_aio.testing import ManualClock
 
 def bucketed(timer: Timer) -> int:
     """Entries physically held in the wheel's buckets."""
-    return sum(len(b.entries) for wheel in timer._levels for b in wheel.buckets)
+    return sum(len(b) for wheel in timer._levels for b in wheel.buckets)
 
 
 async def test_already_expired_entries_run_without_time_passing() -> None:
