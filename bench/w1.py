@@ -19,7 +19,10 @@ of each contender can be read off.
 W1-user is W1 with the operation written the way a user writes one (W1UserOp):
 a plain subclass without ``__slots__``, with its own fields set in ``__init__``,
 constructed per arrival. Its net cost is the figure compared with Kafka's Java
-purgatory (KAFKA_JAVA_NET_US).
+purgatory (KAFKA_JAVA_NET_US). W1-user runs a fourth contender, ``user-code``:
+the same operations constructed and completed with no purgatory at all, which
+splits the purgatory's net cost into what the user's class costs and what the
+library adds.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ from .baselines import NaiveFutures, NaiveWaiter
 _monotonic = time.monotonic
 
 CONTENDERS = ("harness", "purgatory", "naive-futures")
+#: W1-user adds the user's own code alone (UserCodeContender): the floor of any library.
+USER_CONTENDERS = (*CONTENDERS, "user-code")
 
 #: Kafka's Java purgatory and timer (trunk, Aug 2026) on this machine type, driven by
 #: the W1 schedule: CPU per operation net of its driver (issue 12).
@@ -360,10 +365,41 @@ class HarnessContender:
         return {"left_pending": 0}
 
 
+class UserCodeContender(HarnessContender):
+    """W1-user's operations with no purgatory: the driver plus the user's own code.
+
+    Each arrival constructs its W1UserOp, and each completion calls its
+    ``on_complete``, as the purgatory would; operations due to expire settle as in
+    the harness (their ``on_complete`` is not counted, so this is a lower bound).
+    Its net cost is what the operation class itself costs, which no library can
+    save: ``naive ÷ user-code`` (net) is the most any purgatory could reach on
+    ``naive ÷ purgatory`` with operations written this way.
+    """
+
+    name = "user-code"
+
+    async def enqueue(self, start: int, stop: int) -> list[Any]:
+        settlements = self._settlements
+        assert settlements is not None
+        latencies = self._latencies
+        timeout = self._timeout
+        ops: list[Any] = []
+        for index in range(start, stop):
+            op = W1UserOp(timeout, index, settlements)
+            if latencies[index] >= timeout:
+                settlements.expired_one(0.0)
+            ops.append(op)
+        return ops
+
+    def complete(self, token: Any, index: int) -> None:
+        token.on_complete()
+
+
 _FACTORIES: dict[str, type[PurgatoryContender | NaiveContender | HarnessContender]] = {
     "purgatory": PurgatoryContender,
     "naive-futures": NaiveContender,
     "harness": HarnessContender,
+    "user-code": UserCodeContender,
 }
 
 
@@ -551,6 +587,11 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
         ratios["net_cpu_per_op purgatory/kafka_java"] = ratio(
             purg["net_cpu_us_per_op"], KAFKA_JAVA_NET_US
         )
+        user_code = best["user-code"]
+        user_code["net_cpu_us_per_op"] = user_code["cpu_us_per_op"] - harness["cpu_us_per_op"]
+        ratios["net_cpu_per_op naive/user-code (ceiling of naive/purgatory)"] = ratio(
+            naive["net_cpu_us_per_op"], user_code["net_cpu_us_per_op"]
+        )
         goals = _user_goals(purg, ratios, note)
     elif not params.check:
         goals = [
@@ -579,6 +620,15 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
                 f"{fmt(purg['net_cpu_us_per_op'])} | {fmt(naive['net_cpu_us_per_op'])} | "
                 f"{fmt(KAFKA_JAVA_NET_US)} (P/Java "
                 f"{fmt_ratio(ratios['net_cpu_per_op purgatory/kafka_java'])})",
+            )
+        )
+        user_net = best["user-code"]["net_cpu_us_per_op"]
+        ceiling = ratios["net_cpu_per_op naive/user-code (ceiling of naive/purgatory)"]
+        headline.append(
+            (
+                "net CPU us/op user code alone | library (P - user code)",
+                f"{fmt(user_net)} | {fmt(purg['net_cpu_us_per_op'] - user_net)} (naive/user "
+                f"code {fmt_ratio(ceiling)}: the most naive/P can reach with this class)",
             )
         )
     headline += [
@@ -647,7 +697,7 @@ def run(
     records = []
     for loop_name in loops:
         runs = alternate(
-            CONTENDERS,
+            USER_CONTENDERS if params.user else CONTENDERS,
             params.repeat,
             lambda name, loop_name=loop_name: run_contender(name, loop_name, params, progress),  # type: ignore[misc]
         )

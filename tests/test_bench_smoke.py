@@ -67,6 +67,8 @@ def test_w1_user_runs_a_user_style_operation_against_kafkas_figure(tmp_path: Pat
         for run in record["results"]["contenders"].values():
             assert run["settled"] == run["completed"] + run["expired"] == 2_000
         assert "net_cpu_per_op purgatory/kafka_java" in record["ratios"]
+        assert set(record["results"]["contenders"]) == {*w1.CONTENDERS, "user-code"}
+        assert "net_cpu_per_op naive/user-code (ceiling of naive/purgatory)" in record["ratios"]
         assert len(record["goals"]) == 2
 
 
@@ -109,6 +111,9 @@ def test_w3_measures_both_timers_at_each_size(tmp_path: Path) -> None:
                 assert row["fired"] == int(size)
                 assert row["pending"] == int(size)
                 assert row["pairs"] == 2_000
+                assert row["long_ns_per_pair"] > 0 and "net_long_ns_per_pair" in row
+        goals = [g["goal"] for g in record["goals"]]
+        assert any("random long delay" in g for g in goals) and any("churn" in g for g in goals)
 
 
 def test_w4_fires_every_timer_and_counts_idle_wakeups(tmp_path: Path) -> None:
