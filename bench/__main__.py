@@ -9,6 +9,7 @@ python -m bench fanout [--quick]  # bench.fanout, cross-process completion throu
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
 python -m bench proto-timer       # bench.proto_timer, W3 on a C prototype of the timer core
+python -m bench proto-gc          # bench.proto_gc, W1-user with pending operations untracked
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ DELEGATED = {
     "kafka": ("bench.kafka", "librdkafka clients against purgatory-broker (acks=1/all)"),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
     "proto-timer": ("bench.proto_timer", "W3 on a C prototype of the timer core (issue 12)"),
+    "proto-gc": ("bench.proto_gc", "W1-user with pending operations out of the GC (issue 12)"),
 }
 SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 

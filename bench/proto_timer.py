@@ -57,15 +57,16 @@ class BuildError(RuntimeError):
     """The prototype cannot be compiled here (no C compiler or no Python headers)."""
 
 
-def load(build_dir: Path = BUILD_DIR) -> ModuleType:
-    """The compiled prototype, built on first use (and again whenever its source changes)."""
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + sys.version.encode()).hexdigest()[:16]
+def load(build_dir: Path = BUILD_DIR, source: Path = SOURCE) -> ModuleType:
+    """A prototype's compiled module (``source``'s stem), built on first use and again
+    whenever its source changes."""
+    text = source.read_bytes()
+    digest = hashlib.sha256(text + sys.version.encode()).hexdigest()[:16]
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = build_dir / digest / f"cwheel{suffix}"
+    target = build_dir / digest / f"{source.stem}{suffix}"
     if not target.exists():
-        _compile(target)
-    spec = importlib.util.spec_from_file_location("cwheel", target)
+        _compile(source, target)
+    spec = importlib.util.spec_from_file_location(source.stem, target)
     if spec is None or spec.loader is None:  # pragma: no cover - a file we just built
         raise BuildError(f"cannot load {target}")
     module = importlib.util.module_from_spec(spec)
@@ -73,7 +74,7 @@ def load(build_dir: Path = BUILD_DIR) -> ModuleType:
     return module
 
 
-def _compile(target: Path) -> None:
+def _compile(source: Path, target: Path) -> None:
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
@@ -88,7 +89,7 @@ def _compile(target: Path) -> None:
         "-fPIC",
         "-shared",
         f"-I{include}",
-        str(SOURCE),
+        str(source),
         "-o",
         str(partial),
     ]
@@ -97,7 +98,7 @@ def _compile(target: Path) -> None:
     except FileNotFoundError:
         raise BuildError(f"no C compiler ({compiler[0]} not found)") from None
     if done.returncode != 0:
-        raise BuildError(f"compiling {SOURCE.name} failed:\n{done.stderr}")
+        raise BuildError(f"compiling {source.name} failed:\n{done.stderr}")
     partial.replace(target)
 
 

@@ -32,7 +32,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, replace
 from heapq import heappop, heappush
 from pathlib import Path
@@ -395,6 +395,9 @@ class UserCodeContender(HarnessContender):
         token.on_complete()
 
 
+#: What makes a contender from the schedule and parameters (a contender class).
+ContenderFactory = Callable[[Schedule, W1Params], Contender]
+
 _FACTORIES: dict[str, type[PurgatoryContender | NaiveContender | HarnessContender]] = {
     "purgatory": PurgatoryContender,
     "naive-futures": NaiveContender,
@@ -526,15 +529,21 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 def run_contender(
-    name: str, loop_name: str, params: W1Params, progress: Progress, label: str = ""
+    name: str,
+    loop_name: str,
+    params: W1Params,
+    progress: Progress,
+    label: str = "",
+    factory: ContenderFactory | None = None,
 ) -> Record:
-    """One measured run of one contender on a fresh loop."""
+    """One measured run of one contender on a fresh loop (``factory`` makes a
+    contender of another name, for benchmarks built on this driver)."""
     schedule = make_schedule(params)
     n = params.n
 
     async def main() -> Record:
         settlements = Settlements(n)
-        contender = _FACTORIES[name](schedule, params)
+        contender = (factory or _FACTORIES[name])(schedule, params)
         await contender.start(settlements)
         if params.user and isinstance(contender, PurgatoryContender):
             contender.enqueue = contender.enqueue_user_ops  # type: ignore[method-assign]
