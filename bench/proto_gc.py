@@ -37,13 +37,11 @@ from ._common import (
     RESULTS_DIR,
     Progress,
     Record,
-    alternate,
     fmt,
     fmt_ratio,
     goal,
     make_record,
     mark_quick,
-    median_run,
     publish,
     quiet_logs,
     ratio,
@@ -95,27 +93,8 @@ def contender_class(gcuntrack: ModuleType) -> type[w1.PurgatoryContender]:
 def measure(
     loop_name: str, params: w1.W1Params, progress: Progress, gcuntrack: ModuleType
 ) -> dict[str, Record]:
-    factory = contender_class(gcuntrack)
-    runs = alternate(
-        NAMES,
-        params.repeat,
-        lambda name: w1.run_contender(
-            name,
-            loop_name,
-            params,
-            progress,
-            label="proto-gc",
-            factory=factory if name == "purgatory-untracked" else None,
-        ),
-    )
-    best = {name: median_run(r, "cpu_s") for name, r in runs.items()}
-    for name, run in best.items():
-        if run["settled"] != params.n or run["left_pending"]:
-            raise RuntimeError(f"proto-gc {name} left operations unsettled: {run}")
-    harness = best["harness"]["cpu_us_per_op"]
-    for name in NAMES[1:]:
-        best[name]["net_cpu_us_per_op"] = best[name]["cpu_us_per_op"] - harness
-    return best
+    factories = {"purgatory-untracked": contender_class(gcuntrack)}
+    return w1.measure(loop_name, params, progress, NAMES, factories, label="proto-gc")
 
 
 def build_record(loop_name: str, params: w1.W1Params, best: dict[str, Record]) -> Record:

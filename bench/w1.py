@@ -32,7 +32,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass, replace
 from heapq import heappop, heappush
 from pathlib import Path
@@ -578,8 +578,6 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
     purg = best["purgatory"]
     naive = best["naive-futures"]
     harness = best["harness"]
-    for run in (purg, naive):
-        run["net_cpu_us_per_op"] = run["cpu_us_per_op"] - harness["cpu_us_per_op"]
     ratios = {
         "cpu_per_op naive/purgatory": ratio(naive["cpu_us_per_op"], purg["cpu_us_per_op"]),
         "net_cpu_per_op naive/purgatory": ratio(
@@ -596,10 +594,8 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
         ratios["net_cpu_per_op purgatory/kafka_java"] = ratio(
             purg["net_cpu_us_per_op"], KAFKA_JAVA_NET_US
         )
-        user_code = best["user-code"]
-        user_code["net_cpu_us_per_op"] = user_code["cpu_us_per_op"] - harness["cpu_us_per_op"]
         ratios["net_cpu_per_op naive/user-code (ceiling of naive/purgatory)"] = ratio(
-            naive["net_cpu_us_per_op"], user_code["net_cpu_us_per_op"]
+            naive["net_cpu_us_per_op"], best["user-code"]["net_cpu_us_per_op"]
         )
         goals = _user_goals(purg, ratios, note)
     elif not params.check:
@@ -690,6 +686,35 @@ def _user_goals(purg: Record, ratios: Record, note: str) -> list[Record]:
     ]
 
 
+def measure(
+    loop_name: str,
+    params: W1Params,
+    progress: Progress,
+    names: tuple[str, ...] | None = None,
+    factories: Mapping[str, ContenderFactory] | None = None,
+    label: str = "",
+) -> dict[str, Record]:
+    """The median run of every contender, each with its CPU net of the harness.
+
+    ``names`` defaults to the workload's own contenders; ``factories`` makes those
+    of other names, for benchmarks built on this driver.
+    """
+    extra = factories or {}
+    runs = alternate(
+        names or (USER_CONTENDERS if params.user else CONTENDERS),
+        params.repeat,
+        lambda name: run_contender(name, loop_name, params, progress, label, extra.get(name)),
+    )
+    best = {name: median_run(r, "cpu_s") for name, r in runs.items()}
+    harness = best["harness"]["cpu_us_per_op"]
+    for name, r in best.items():
+        if r["settled"] != params.n or r["left_pending"]:
+            raise RuntimeError(f"{label or params.workload} {name} left operations unsettled: {r}")
+        if name != "harness":
+            r["net_cpu_us_per_op"] = r["cpu_us_per_op"] - harness
+    return best
+
+
 def run(
     params: W1Params, loops: list[str], progress: Progress, results_dir: Path | None
 ) -> list[Record]:
@@ -705,15 +730,7 @@ def run(
         make_schedule(params)
     records = []
     for loop_name in loops:
-        runs = alternate(
-            USER_CONTENDERS if params.user else CONTENDERS,
-            params.repeat,
-            lambda name, loop_name=loop_name: run_contender(name, loop_name, params, progress),  # type: ignore[misc]
-        )
-        best = {name: median_run(r, "cpu_s") for name, r in runs.items()}
-        for name, r in best.items():
-            if r["settled"] != params.n or r["left_pending"]:
-                raise RuntimeError(f"{name} left operations unsettled: {r}")
+        best = measure(loop_name, params, progress)
         records.append(
             publish(_build_record(loop_name, params, best), loop_name, progress, results_dir)
         )

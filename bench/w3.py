@@ -16,11 +16,11 @@ so none fires), then measure, keeping exactly ``N`` pending throughout:
   with ``N`` in any implementation and measures the memory as much as the code.
 * **add+cancel at once**: as the first, with a 0.2 s timer, so the short timer's
   slot is the earliest one pending.
+* **add+expire**: add ``N`` timers due uniformly within ``expire_spread`` seconds
+  and let them all fire; process CPU per timer (the idle wait costs none).
 
 The loop gets control every ``chunk`` pairs so asyncio can compact its heap of
 cancelled handles as it would in a server.
-* **add+expire**: add ``N`` timers due uniformly within ``expire_spread`` seconds
-  and let them all fire; process CPU per timer (the idle wait costs none).
 
 Contenders: ``timer`` (:class:`purgatory_aio.Timer`), ``call_later``
 (``loop.call_later`` + ``TimerHandle.cancel``), and ``harness``, the same loops
@@ -144,21 +144,10 @@ async def _churn(
     wall, cpu_s = perf() - t0, cpu() - c0
     # The request-timeout pattern: a short timeout added and cancelled at once (the
     # request completed), among the N long ones. Its bucket is the earliest pending.
-    short = params.short_delay
     quick_pairs = min(pairs, 50_000)
-    c1 = cpu()
-    for start in range(0, quick_pairs, chunk):
-        for _ in range(start, min(quick_pairs, start + chunk)):
-            add(short, _never).cancel()
-        await asyncio.sleep(0)
-    immediate_s = cpu() - c1
+    immediate_s = await _add_cancel_at_once(add, [params.short_delay] * quick_pairs, chunk)
     # A random long delay added and cancelled at once, among the N pending.
-    c1 = cpu()
-    for start in range(0, pairs, chunk):
-        for j in range(start, min(pairs, start + chunk)):
-            add(long_delays[j], _never).cancel()
-        await asyncio.sleep(0)
-    long_s = cpu() - c1
+    long_s = await _add_cancel_at_once(add, long_delays, chunk)
     pending = len(timer) if timer is not None else size
     for handle in handles:
         handle.cancel()
@@ -175,6 +164,17 @@ async def _churn(
         "wall_ns_per_pair": wall / done * 1e9,
         "immediate_ns_per_pair": immediate_s / quick_pairs * 1e9,
     }
+
+
+async def _add_cancel_at_once(add: Callable[..., Any], delays: list[float], chunk: int) -> float:
+    """Add a timer at each delay and cancel it straight away; process CPU seconds."""
+    cpu = time.process_time
+    c0 = cpu()
+    for start in range(0, len(delays), chunk):
+        for delay in delays[start : start + chunk]:
+            add(delay, _never).cancel()
+        await asyncio.sleep(0)
+    return cpu() - c0
 
 
 async def _expire(

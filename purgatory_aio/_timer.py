@@ -1,11 +1,11 @@
 """Hierarchical timing wheel with one deadline-driven asyncio reaper.
 
 Adding or cancelling a timer links or unlinks it in one bucket's list: O(1)
-whatever the number pending. Only buckets go into the priority queue of due times, each at most
-once per rotation, so the queue stays as small as the number of non-empty
-slots. One reaper task sleeps until the earliest queued bucket is due; with
-nothing pending it sleeps on a future nobody resolves, so an idle timer costs
-no wake-ups at all.
+whatever the number pending. Only buckets go into the priority queue of due
+times, each at most once per rotation, so the queue stays as small as the
+number of non-empty slots. One reaper task sleeps until the earliest queued
+bucket is due; with nothing pending it sleeps on a future nobody resolves, so an
+idle timer costs no wake-ups at all.
 
 Deadlines map to tick ``ceil(deadline / tick)``. A bucket is due from the
 earliest deadline placed in it, not from the end of its tick: the reaper fires
