@@ -188,7 +188,7 @@ class Lifecycle:
         """check_and_complete: try every pending operation watched under ``key``."""
         store = self._store
         try:
-            watched = key in store.lists or key in store.indexes
+            watched = store.holds(key)
         except TypeError:
             raise TypeError(f"key {key!r} is not hashable") from None
         if not watched:
@@ -212,7 +212,7 @@ class Lifecycle:
         """cancel_for_key: withdraw every pending operation watched under ``key``."""
         store = self._store
         try:
-            watched = key in store.lists or key in store.indexes
+            watched = store.holds(key)
         except TypeError:
             raise TypeError(f"key {key!r} is not hashable") from None
         if not watched:

@@ -27,6 +27,7 @@ from ._states import (
     ENDED,
     EXPIRED,
     FAILED,
+    LOCKED,
     SETTLED,
     acquire,
     describe,
@@ -205,14 +206,17 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         if self._owner is DETACHED:
             DETACHED.check_can_complete(self)  # refuses before anything changes
         # transition(), inlined: this is every satisfied operation's path.
-        acquire()
+        if LOCKED:
+            acquire()
         state = self._state
         owner = self._owner
         if state & ENDED:
-            release()
+            if LOCKED:
+                release()
             return False
         self._state = state | COMPLETED
-        release()
+        if LOCKED:
+            release()
         owner.completed(self, None)
         return True
 

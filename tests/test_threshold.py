@@ -271,3 +271,110 @@ async def test_callbacks_that_advance_and_cancel_during_advance_key() -> None:
     assert all(count == 1 for count in settled.values())
     assert {i for i, op in enumerate(ops) if op.is_completed} == set(settled)
     assert all(op.done() for op in ops)
+
+
+class Scripted(DelayedOperation[int]):
+    """Completes once the counter reaches its target; its on_complete runs ``then``."""
+
+    def __init__(self, counter: Counter, target: int, then: object = None) -> None:
+        super().__init__(100)
+        self.counter = counter
+        self.target = target
+        self.then = then
+        self.completions = 0
+
+    def try_complete(self) -> bool:
+        if self.counter.value >= self.target:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> int:
+        self.completions += 1
+        if callable(self.then):
+            self.then()
+        return self.target
+
+
+async def test_cancel_for_key_from_a_callback_takes_what_advance_key_has_yet_to_try() -> None:
+    counter = Counter()
+    taken: list[DelayedOperation[object]] = []
+    async with Purgatory("walk", clock=ManualClock()) as p:
+        first = Scripted(counter, 1, lambda: taken.extend(p.cancel_for_key("k")))
+        rest = [Scripted(counter, t) for t in range(2, 11)]
+        above = Scripted(counter, 50)
+        for op in (first, *rest, above):
+            await p.watch_threshold(op, "k", op.target)
+        counter.value = 10
+        assert p.advance_key("k", 10) == 1  # the first; its callback cancelled the rest
+        assert set(taken) == {*rest, above}
+        assert all(op.cancelled and op.completions == 0 for op in rest)
+        assert first.completions == 1 and await first == 1
+        assert p.watched == 0 and p.num_delayed == 0
+        counter.value = 100
+        assert p.advance_key("k", 100) == 0 and p.check_and_complete("k") == 0
+
+
+async def test_check_and_complete_from_a_callback_tries_what_advance_key_has_yet_to_try() -> None:
+    counter = Counter()
+    nested: list[int] = []
+    async with Purgatory("walk", clock=ManualClock()) as p:
+        first = Scripted(counter, 1, lambda: nested.append(p.check_and_complete("k")))
+        rest = [Scripted(counter, t) for t in range(2, 11)]
+        for op in (first, *rest):
+            await p.watch_threshold(op, "k", op.target)
+        counter.value = 10
+        # The nested walk completes the other nine; the outer one finds them settled.
+        assert p.advance_key("k", 10) == 1
+        assert nested == [9]
+        assert all(op.completions == 1 for op in (first, *rest))
+        assert p.watched == 0 and p.num_delayed == 0
+
+
+async def test_an_interrupted_advance_key_leaves_the_untried_operations_watched() -> None:
+    counter = Counter()
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    async with Purgatory("walk", clock=ManualClock()) as p:
+        first = Scripted(counter, 1, interrupt)
+        rest = [Scripted(counter, t) for t in range(2, 6)]
+        for op in (first, *rest):
+            await p.watch_threshold(op, "k", op.target)
+        counter.value = 5
+        with pytest.raises(KeyboardInterrupt):
+            p.advance_key("k", 5)
+        assert first.done() and isinstance(first.exception(), KeyboardInterrupt)
+        assert not any(op.done() for op in rest)
+        assert p.watched == 4 and p.num_delayed == 4
+        # Untried, they are plain watchers of the key now: a walk over it completes them.
+        assert p.check_and_complete("k") == 4
+        assert [await op for op in rest] == [2, 3, 4, 5]
+        assert p.watched == 0 and p.num_delayed == 0
+
+
+async def test_operations_completed_during_a_walk_are_counted_out_of_watched_once() -> None:
+    counter = Counter()
+    async with Purgatory("walk", clock=ManualClock(), purge_interval=10**6) as p:
+        later = [Scripted(counter, t) for t in range(2, 21)]
+        # The first's callback completes every other reached operation directly, and
+        # cancels one above the value: the walk then only drops their entries.
+        above = Scripted(counter, 99)
+
+        def settle_others() -> None:
+            for op in later:
+                op.force_complete()
+            above.cancel()
+
+        first = Scripted(counter, 1, settle_others)
+        for op in (first, *later, above):
+            await p.watch_threshold(op, "k", op.target)
+        assert p.watched == 21
+        counter.value = 20
+        assert p.advance_key("k", 20) == 1
+        assert all(op.completions == 1 for op in (first, *later))
+        assert p.num_delayed == 0
+        assert p.watched == 1  # the cancelled one's stale index entry, until compacted
+        counter.value = 100
+        assert p.advance_key("k", 100) == 0
+        assert p.watched == 0
