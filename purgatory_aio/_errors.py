@@ -11,3 +11,13 @@ FATAL: Final = (KeyboardInterrupt, SystemExit)
 
 class PurgatoryClosed(RuntimeError):
     """The purgatory has been shut down and accepts no new operations."""
+
+
+def not_copyable(obj: object, why: str) -> TypeError:
+    """The error ``copy.copy``, ``copy.deepcopy`` and ``pickle`` raise for a live object.
+
+    A purgatory, a timer, a timer handle or a clock holds state that only makes
+    sense once (pending operations, a reaper task, an event loop): a copy would be
+    a second, silently diverging claim on the same things.
+    """
+    return TypeError(f"cannot copy or pickle {obj!r}: {why}")

@@ -17,7 +17,8 @@ import contextlib
 import inspect
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable
-from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar, final
+from types import MemberDescriptorType
+from typing import Any, ClassVar, Generic, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._lifecycle import DETACHED, Lifecycle
 from ._native import mypyc_attr
@@ -261,6 +262,91 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
                     _forget(self, future)
         return self.result()
 
+    # -- copying and pickling ----------------------------------------------------------------
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        """``copy.copy``, ``copy.deepcopy`` and ``pickle``: of a fresh operation only.
+
+        An operation handed to a purgatory, completed or cancelled is one live claim
+        on its timer slot, its watch lists, its awaiters and its result; a copy would
+        be a second claim on the same, so it is refused with a TypeError. A fresh one
+        is copied as a new fresh operation of the same class with the same timeout and
+        what :meth:`__getstate__` returns. The subclass's ``__init__`` does not run
+        again, as with any unpickled object.
+        """
+        try:
+            owner, state, timeout = self._owner, self._state, self._timeout
+        except AttributeError:
+            raise TypeError(
+                f"cannot copy or pickle a {type(self).__name__}: its __init__ must call "
+                f"super().__init__(timeout)"
+            ) from None
+        if owner is not DETACHED or state:
+            status = describe(state)
+            why = "completed by shutdown" if status == "shutdown" else status
+            where = f" in purgatory {owner.name!r}" if owner is not DETACHED else ""
+            raise TypeError(
+                f"cannot copy or pickle {self!r}: it is {why}{where}, and only a fresh "
+                f"operation (never handed to a purgatory, completed or cancelled) can be "
+                f"copied: a copy would be a second claim on its timer slot, watch lists and "
+                f"result; construct a new {type(self).__name__} instead"
+            )
+        return (_fresh, (type(self), timeout), self.__getstate__())
+
+    def __getstate__(self) -> object:
+        """The subclass's own state: its ``__dict__`` and its ``__slots__``, in one dict
+        (None when it has none). The library's own state is never part of it."""
+        state: dict[str, object] = {}
+        for klass in type(self).__mro__:
+            if klass in _LIBRARY_BASES:
+                continue
+            # Each slot is a member descriptor in its class, under its stored (mangled) name.
+            for name, member in vars(klass).items():
+                if isinstance(member, MemberDescriptorType) and name not in state:
+                    with contextlib.suppress(AttributeError):  # an unset slot stays unset
+                        state[name] = member.__get__(self, klass)
+        fields = getattr(self, "__dict__", None)
+        if fields:
+            state.update(fields)
+        return state or None
+
+    def __setstate__(self, state: object) -> None:
+        """Restores what :meth:`__getstate__` returned (or ``object``'s ``(dict, slots)``
+        form), as attributes: never a name of the library's own classes.
+
+        Everything is checked before anything is set: a refused state (TypeError for
+        one that is not a dict of attribute names, ValueError for a library name)
+        leaves the operation as it was.
+        """
+        fields: dict[Any, object]
+        if isinstance(state, dict):
+            fields = state
+        elif (
+            isinstance(state, tuple)
+            and len(state) == 2
+            and all(part is None or isinstance(part, dict) for part in state)
+        ):
+            fields = {**(state[0] or {}), **(state[1] or {})}
+        else:
+            raise TypeError(
+                f"{type(self).__name__}.__setstate__ takes a dict of attributes, "
+                f"not {type(state).__name__}"
+            )
+        bad = [name for name in fields if not isinstance(name, str)]
+        if bad:
+            raise TypeError(
+                f"{type(self).__name__}.__setstate__ takes attribute names as str, "
+                f"not {', '.join(map(repr, bad))}"
+            )
+        reserved = sorted(name for name in fields if name in _LIBRARY_ATTRIBUTES)
+        if reserved:
+            raise ValueError(
+                f"{type(self).__name__}.__setstate__ cannot set the library's own "
+                f"attribute(s) {', '.join(map(repr, reserved))}"
+            )
+        for name, value in fields.items():
+            setattr(self, name, value)
+
     def __repr__(self) -> str:
         status = describe(self._state)
         return f"<{type(self).__name__} {status} timeout={self._timeout}>"
@@ -275,9 +361,39 @@ def _forget(op: DelayedOperation[Any], future: asyncio.Future[None]) -> None:
             waiter.remove(future)
 
 
+def _fresh(cls: type[DelayedOperation[Any]], timeout: float) -> DelayedOperation[Any]:
+    """A fresh ``cls`` operation for :meth:`DelayedOperation.__reduce_ex__`, before its state."""
+    if not (isinstance(cls, type) and issubclass(cls, DelayedOperation)):
+        raise TypeError(f"not a DelayedOperation class: {cls!r}")
+    op = cls.__new__(cls)
+    DelayedOperation.__init__(op, timeout)
+    return op
+
+
 def _is_abstract(cls: type, name: str) -> bool:
     """Whether ``cls`` leaves method ``name`` abstract (compiled methods carry no marker)."""
     owner = next(klass for klass in cls.__mro__ if name in klass.__dict__)
     return owner is DelayedOperation or bool(
         getattr(owner.__dict__[name], "__isabstractmethod__", False)
     )
+
+
+#: The library's own classes of an operation: their slots are not the subclass's state.
+_LIBRARY_BASES: frozenset[type] = frozenset(DelayedOperation.__mro__)
+#: What restored state may never set: the attributes the library's classes keep (compiled
+#: classes list theirs in ``__mypyc_attrs__`` rather than in ``__slots__``), and every
+#: name their namespaces define (an instance attribute ``_fire`` or ``force_complete``
+#: would shadow the method the timer and the purgatory call; ``__class__`` would swap
+#: the class). Not the two public class settings: the library reads them off the class.
+_LIBRARY_ATTRIBUTES: frozenset[str] = frozenset(
+    {
+        name
+        for klass in DelayedOperation.__mro__
+        for names in (
+            klass.__dict__.get("__mypyc_attrs__", klass.__dict__.get("__slots__", ())),
+            vars(klass),
+        )
+        for name in ((names,) if isinstance(names, str) else names)
+    }
+    | {"__dict__", "__weakref__"}
+) - {"op_type", "offload_callbacks"}

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Hashable, Iterable
-from typing import Any, Final, SupportsFloat, SupportsIndex, TypeVar, final
+from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._clock import DEFAULT_CLOCK, Clock
-from ._errors import PurgatoryClosed
+from ._errors import PurgatoryClosed, not_copyable
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
 from ._native import refuse_subclass
@@ -259,6 +259,13 @@ class Purgatory:
             purged=store.purged,
             callback_errors=life.n_errors,
             events_failed=life.n_event_errors,
+        )
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_copyable(
+            self,
+            "a purgatory is one live holder of its pending operations, its reaper and its "
+            "event loop; create another Purgatory instead",
         )
 
     def __repr__(self) -> str:

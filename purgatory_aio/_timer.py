@@ -25,11 +25,11 @@ import heapq
 import math
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, Final, SupportsFloat, SupportsIndex, final
+from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, final
 
 from ._bucket import CARRY_LEVEL, Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
-from ._errors import FATAL
+from ._errors import FATAL, not_copyable
 from ._logging import get_logger
 from ._native import mypyc_attr, refuse_subclass
 from ._validation import (
@@ -140,6 +140,11 @@ class TimerHandle(TimerEntry):
             callback = self._callback
             assert callback is not None
             callback(*self._args)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_copyable(
+            self, "a handle is the one claim on its timer's slot; schedule another callback instead"
+        )
 
     def __repr__(self) -> str:
         state = ("pending", "done", "cancelled")[self._state]
@@ -325,6 +330,13 @@ class Timer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.close()
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_copyable(
+            self,
+            "a timer is one live holder of its pending callbacks, its reaper and its event "
+            "loop; create another Timer instead",
+        )
 
     def __repr__(self) -> str:
         return f"<Timer tick={self._tick} pending={self._count} levels={len(self._levels)}>"

@@ -19,8 +19,10 @@ import heapq
 import itertools
 import weakref
 from collections.abc import Callable
+from typing import NoReturn, SupportsIndex
 
 from ._clock import Quiescent
+from ._errors import not_copyable
 from ._lifecycle import wake
 from ._validation import check_instant, check_seconds
 
@@ -195,6 +197,13 @@ class ManualClock:
             else:
                 quiet = 0
                 last = now
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise not_copyable(
+            self,
+            "a clock is the one time source of the purgatories, timers and sleepers built "
+            "on it; create another ManualClock instead",
+        )
 
     def __repr__(self) -> str:
         return f"ManualClock(now={self._now})"
