@@ -66,8 +66,9 @@ from .baselines import NaiveFutures, NaiveWaiter
 _monotonic = time.monotonic
 
 CONTENDERS = ("harness", "purgatory", "naive-futures")
-#: W1-user adds the user's own code alone (UserCodeContender): the floor of any library.
-USER_CONTENDERS = (*CONTENDERS, "user-code")
+#: W1-user adds the user's own code alone (UserCodeContender), and that code with the calls
+#: API.md requires (ApiFloorContender): the floors under any library.
+USER_CONTENDERS = (*CONTENDERS, "user-code", "api-floor")
 
 #: Kafka's Java purgatory and timer (trunk, Aug 2026) on this machine type, driven by
 #: the W1 schedule: CPU per operation net of its driver (issue 12).
@@ -395,6 +396,40 @@ class UserCodeContender(HarnessContender):
         token.on_complete()
 
 
+async def _two_tries(op: W1UserOp) -> bool:
+    """The calls API.md makes per watch, with nothing else: an awaited coroutine that
+    tries the operation, (would watch it,) and tries it again."""
+    return op.try_complete() or op.try_complete()
+
+
+class ApiFloorContender(UserCodeContender):
+    """``user-code`` plus the calls into the user's code that API.md itself requires.
+
+    ``await try_complete_else_watch(op, keys)`` must call ``try_complete`` twice (try,
+    watch, try again) inside an awaited coroutine, and completion must call
+    ``on_complete``. This contender makes exactly those calls and keeps nothing, so
+    its net cost is the floor under any implementation of the contract with this
+    operation class, compiled core or not: ``naive ÷ api-floor`` (net) is the most
+    ``naive ÷ purgatory`` can ever reach here.
+    """
+
+    name = "api-floor"
+
+    async def enqueue(self, start: int, stop: int) -> list[Any]:
+        settlements = self._settlements
+        assert settlements is not None
+        latencies = self._latencies
+        timeout = self._timeout
+        ops: list[Any] = []
+        for index in range(start, stop):
+            op = W1UserOp(timeout, index, settlements)
+            await _two_tries(op)
+            if latencies[index] >= timeout:
+                settlements.expired_one(0.0)
+            ops.append(op)
+        return ops
+
+
 #: What makes a contender from the schedule and parameters (a contender class).
 ContenderFactory = Callable[[Schedule, W1Params], Contender]
 
@@ -403,6 +438,7 @@ _FACTORIES: dict[str, type[PurgatoryContender | NaiveContender | HarnessContende
     "naive-futures": NaiveContender,
     "harness": HarnessContender,
     "user-code": UserCodeContender,
+    "api-floor": ApiFloorContender,
 }
 
 
@@ -597,6 +633,10 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
         ratios["net_cpu_per_op naive/user-code (ceiling of naive/purgatory)"] = ratio(
             naive["net_cpu_us_per_op"], best["user-code"]["net_cpu_us_per_op"]
         )
+        if "api-floor" in best:
+            ratios["net_cpu_per_op naive/api-floor (ceiling for any implementation)"] = ratio(
+                naive["net_cpu_us_per_op"], best["api-floor"]["net_cpu_us_per_op"]
+            )
         goals = _user_goals(purg, ratios, note)
     elif not params.check:
         goals = [
@@ -636,6 +676,19 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
                 f"code {fmt_ratio(ceiling)}: the most naive/P can reach with this class)",
             )
         )
+        if "api-floor" in best:
+            floor_net = best["api-floor"]["net_cpu_us_per_op"]
+            floor_ceiling = ratios[
+                "net_cpu_per_op naive/api-floor (ceiling for any implementation)"
+            ]
+            headline.append(
+                (
+                    "net CPU us/op user code + the calls API.md requires | library beyond",
+                    f"{fmt(floor_net)} | {fmt(purg['net_cpu_us_per_op'] - floor_net)} "
+                    f"(naive/floor {fmt_ratio(floor_ceiling)}: the most naive/P any "
+                    f"implementation of the contract can reach)",
+                )
+            )
     headline += [
         (
             "CPU us/op P | N | harness",

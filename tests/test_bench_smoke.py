@@ -67,8 +67,9 @@ def test_w1_user_runs_a_user_style_operation_against_kafkas_figure(tmp_path: Pat
         for run in record["results"]["contenders"].values():
             assert run["settled"] == run["completed"] + run["expired"] == 2_000
         assert "net_cpu_per_op purgatory/kafka_java" in record["ratios"]
-        assert set(record["results"]["contenders"]) == {*w1.CONTENDERS, "user-code"}
+        assert set(record["results"]["contenders"]) == {*w1.CONTENDERS, "user-code", "api-floor"}
         assert "net_cpu_per_op naive/user-code (ceiling of naive/purgatory)" in record["ratios"]
+        assert "net_cpu_per_op naive/api-floor (ceiling for any implementation)" in record["ratios"]
         assert len(record["goals"]) == 2
 
 
@@ -95,6 +96,7 @@ def test_w2_every_contender_completes_every_operation(tmp_path: Path) -> None:
     assert_records(records, "w2", tmp_path)
     for record in records:
         for series in record["results"]["series"].values():
+            assert set(series) == set(w2.CONTENDERS)  # user-code, the floor, included
             for rows in series.values():
                 for row in rows.values():
                     assert row["settled"] == row["total"]
