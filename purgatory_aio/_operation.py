@@ -70,7 +70,19 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         ...         return self.log.end
     """
 
-    __slots__ = ("_busy", "_keys", "_outcome", "_owner", "_state", "_store", "_timeout", "_waiter")
+    __slots__ = (
+        "_busy",
+        "_ident",
+        "_keys",
+        "_outcome",
+        "_owner",
+        "_state",
+        "_store",
+        "_timeout",
+        "_waiter",
+    )
+    # Set when first watched (see _watches): the key of its watch-list entries.
+    _ident: object
 
     op_type: ClassVar[str | None] = None
     offload_callbacks: ClassVar[bool] = False

@@ -594,3 +594,65 @@ async def test_a_key_hashing_to_zero_is_a_valid_single_key(clock: ManualClock) -
         op = MockOperation(1)
         assert await p.try_complete_else_watch(op, [0]) is False
         assert p.watched == 1
+
+
+class ByOffset(MockOperation):
+    """Compares equal to any other request for the same offset, as a value would."""
+
+    def __init__(self, offset: int, timeout: float) -> None:
+        super().__init__(timeout)
+        self.offset = offset
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ByOffset) and other.offset == self.offset
+
+    def __hash__(self) -> int:
+        return hash(self.offset)
+
+
+class Unhashable(ByOffset):
+    """``__eq__`` without ``__hash__``, as a ``@dataclass`` has by default."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class HashRaises(MockOperation):
+    def __hash__(self) -> int:
+        raise RuntimeError("an operation's own hash is never needed")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("an operation's own equality is never needed")
+
+
+async def test_operations_that_compare_equal_are_each_watched_and_checked(
+    clock: ManualClock,
+) -> None:
+    async with Purgatory("p", clock=clock, purge_interval=1) as p:
+        ops = [ByOffset(7, 5.0) for _ in range(3)]
+        for op in ops:
+            assert await p.try_complete_else_watch(op, ["k", "j"]) is False
+        assert p.watched == 6 and p.num_delayed == 3
+        ops[0].completable = ops[1].completable = True
+        assert p.check_and_complete("k") == 2  # both ready ones, and only them
+        # Purging the completed ones' entries under "j" leaves their equal, pending twin.
+        assert p.watched == 1 + 1 and p.num_delayed == 1
+        ops[2].completable = True
+        assert p.check_and_complete("j") == 1
+        assert all(op.is_completed and not op.expired for op in ops)
+        assert p.watched == 0
+
+
+@pytest.mark.parametrize("kind", [Unhashable, HashRaises])
+async def test_an_operation_needs_no_hash_of_its_own(clock: ManualClock, kind: type[Any]) -> None:
+    async with Purgatory("p", clock=clock) as p:
+        first, second = (
+            (kind(1, 5.0), kind(1, 5.0)) if kind is Unhashable else (kind(5.0), kind(5.0))
+        )
+        assert await p.try_complete_else_watch(first, ["k"]) is False
+        assert await p.try_complete_else_watch(second, ["k"]) is False
+        first.completable = True
+        assert p.check_and_complete("k") == 1
+        assert p.cancel_for_key("k") == [second]
+        await clock.advance(10)
+        assert first.is_completed and second.cancelled
+        assert p.num_delayed == 0 and p.watched == 0

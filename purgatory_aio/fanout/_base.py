@@ -140,7 +140,9 @@ class Fanout(ABC):
         self._purgatories: list[Purgatory] = []
         self._values: dict[str, float] = {}
         # key -> operations watched under it through this layer (settled ones swept lazily)
-        self._watching: dict[str, dict[DelayedOperation[Any], None]] = {}
+        # key -> {id(op): op}: by identity, as an operation class may compare by value
+        # or be unhashable (each op is held here, so its id is not reused meanwhile).
+        self._watching: dict[str, dict[int, DelayedOperation[Any]]] = {}
         self._since_sweep = 0
         self._stats = FanoutStats()
         self.attach(*purgatories)
@@ -361,9 +363,9 @@ class Fanout(ABC):
         for key in keys:
             ops = self._watching.get(key)
             if ops is None:
-                self._watching[key] = {op: None}
+                self._watching[key] = {id(op): op}
             else:
-                ops[op] = None
+                ops[id(op)] = op
         self._since_sweep += 1
         if self._since_sweep >= _SWEEP_EVERY:
             self._sweep()
@@ -373,8 +375,8 @@ class Fanout(ABC):
         self._since_sweep = 0
         for key in list(self._watching):
             ops = self._watching[key]
-            for op in [op for op in ops if op.done()]:
-                del ops[op]
+            for ident in [ident for ident, op in ops.items() if op.done()]:
+                del ops[ident]
             if not ops:
                 del self._watching[key]
         # Values of keys nobody watches any more are dropped, so memory follows the watches.

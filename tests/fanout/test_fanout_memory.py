@@ -134,3 +134,26 @@ def test_the_seam_needs_no_redis_and_the_redis_backend_names_its_extra() -> None
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert "pip install 'purgatory-aio[redis]'" in result.stdout
+
+
+class SameFlag(Flag):
+    """Compares equal to every other wait for the same key, and is unhashable."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SameFlag) and other.key == self.key
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+async def test_operations_that_compare_equal_are_each_remembered_and_completed() -> None:
+    hub, flags = MemoryHub(), set[str]()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, a) as fa, MemoryFanout(hub, b) as fb:
+        ops = [SameFlag(flags, "k", 5) for _ in range(3)]
+        for op in ops:
+            assert not await fa.watch(a, op, ["k"])
+        assert fa.stats().watched_keys == 1
+        flags.add("k")
+        fb.check("k")
+        await settle()
+        assert all(op.done() and op.result() is True for op in ops)
