@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 #: The level of a carry: a large higher-level bucket whose cascade is in progress
 #: (see Timer._cascade_urgent). It is queued after every wheel level at an equal due tick.
 CARRY_LEVEL: Final = -1
+#: The level of the bucket that holds a batch being fired (see :meth:`Bucket.detach`).
+#: It is never queued.
+BATCH_LEVEL: Final = -2
 
 
 class Bucket:
@@ -97,6 +100,27 @@ class Bucket:
         while entry is not None:
             out.append(entry)
             entry = entry._next
+        return out
+
+    def detach(self, holder: Bucket) -> list[TimerEntry]:
+        """Unlink and return every entry, oldest first, each now held by ``holder``.
+
+        A holder does not chain its entries (its ``head`` and ``tail`` stay None);
+        it only marks them as still in the timer, so that :meth:`remove` takes one
+        out like any other entry (unchained, it touches no neighbour). Its ``size``
+        is the entries handed to it less those removed since.
+        """
+        out: list[TimerEntry] = []
+        entry = self.head
+        while entry is not None:
+            after = entry._next
+            entry._prev = entry._next = None
+            entry._bucket = holder
+            out.append(entry)
+            entry = after
+        self.head = self.tail = None
+        holder.size = len(out)
+        self.size = 0
         return out
 
     def take(self, limit: int = -1) -> list[TimerEntry]:

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Coroutine, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -98,6 +98,10 @@ class Lifecycle:
         self._offload_threads = offload_threads
         self._capacity: anyio.CapacityLimiter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Callback tasks awaiting the shutdown, which therefore does not wait for them,
+        # and what wakes the shutdown's wait when one more joins (see join_shutdown).
+        self._joiners: set[asyncio.Task[Any]] = set()
+        self._joined: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread_id = -1
         self.closed = False
@@ -269,6 +273,47 @@ class Lifecycle:
 
     # -- shutdown ------------------------------------------------------------------------------
 
+    def check_shutdown_loop(self) -> None:
+        """Refuse a shutdown from anywhere but this purgatory's loop while that loop lives.
+
+        Once its loop is closed, nothing can run there any more: a shutdown from any
+        loop then settles everything (callbacks that need the loop settle with
+        :class:`PurgatoryClosed`), so that no operation is left hanging.
+        """
+        loop = self._loop
+        if loop is not None and loop is not _running_loop() and not loop.is_closed():
+            raise RuntimeError(
+                f"purgatory {self.name!r} belongs to another event loop (or thread): "
+                "shut it down from a coroutine on that loop"
+            )
+
+    async def join_shutdown(self, shutdown: asyncio.Task[None]) -> None:
+        """Wait for ``shutdown`` (this purgatory's shutdown task) to finish its work.
+
+        From one of this purgatory's own callback tasks (an async ``on_complete``
+        shutting the purgatory down), the shutdown must not wait for its caller,
+        which waits for it: it settles everything else, and the caller settles its
+        own operation once it returns. From anywhere else, the wait also covers those
+        callbacks, so that every operation has settled when it returns.
+        """
+        task = asyncio.current_task()
+        if task is not None and task in self._tasks:
+            self._joiners.add(task)
+            joined = self._joined
+            if joined is not None and not joined.done():
+                joined.set_result(None)  # the shutdown is waiting for this task: stop it
+            try:
+                await asyncio.shield(shutdown)
+            finally:
+                self._joiners.discard(task)
+            return
+        await asyncio.shield(shutdown)
+        # The shutdown's work is done; what is left are the callbacks that awaited it
+        # (on this purgatory's loop: after its loop closed, a shutdown runs elsewhere).
+        while self._tasks and _running_loop() is self._loop:
+            tasks = [asyncio.shield(task) for task in self._tasks]
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     async def shutdown(self, expire_pending: bool) -> int:
         """Settle every pending operation, then wait for those still settling.
 
@@ -296,8 +341,7 @@ class Lifecycle:
         # are among ``pending``: wait until each of those has settled too.
         settling = [op for op in pending if not op._state & SETTLED]
         while True:
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if await self._callbacks_finished():
                 continue
             settling = [op for op in settling if not op._state & SETTLED]
             if not settling:
@@ -306,6 +350,29 @@ class Lifecycle:
         timer.close()
         self._store.clear()
         return len(pending)
+
+    async def _callbacks_finished(self) -> bool:
+        """Wait for the callback tasks, except those awaiting the shutdown; False if none.
+
+        A task that starts awaiting the shutdown meanwhile wakes the wait, which then
+        leaves it out too. A closed loop's tasks are never waited for: none can run.
+        """
+        busy = self._tasks - self._joiners
+        if not busy or self._loop_closed():
+            return False
+        self._joined = joined = asyncio.get_running_loop().create_future()
+        # Each task shielded: giving up the wait (a task joined) must not cancel them.
+        every = asyncio.gather(*[asyncio.shield(task) for task in busy], return_exceptions=True)
+        try:
+            await asyncio.wait((every, joined), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._joined = None
+            every.cancel()
+        return True
+
+    def _loop_closed(self) -> bool:
+        loop = self._loop
+        return loop is not None and loop.is_closed()
 
     # -- withdraw, callbacks, settle -----------------------------------------------------------
 
@@ -336,8 +403,7 @@ class Lifecycle:
             else:
                 self._settle(op, result, False)
             return
-        offload = cls.offload_callbacks or self._offload
-        self._spawn(self._run_async(op, offload))
+        self._spawn(op, cls.offload_callbacks or self._offload)
 
     async def _run_async(self, op: DelayedOperation[Any], offload: bool) -> None:
         cls = type(op)
@@ -433,10 +499,27 @@ class Lifecycle:
             closed = PurgatoryClosed(f"purgatory {self.name!r}: its event loop is closed")
             self._settle(op, None if op._state & CANCELLED else closed, not op._state & CANCELLED)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
+        """Run ``op``'s callbacks in a task on the loop (they settle it when done)."""
         loop = self._loop
         assert loop is not None
-        task = loop.create_task(coro)
+        coro = self._run_async(op, offload)
+        try:
+            task = loop.create_task(coro)
+        except BaseException as exc:
+            # No task, so nothing else will ever settle it: settle it here. A closed
+            # loop (the operation completed on this thread after its loop ended) is
+            # what _hand_over meets from other threads: the same outcome.
+            coro.close()
+            if loop.is_closed():
+                closed = PurgatoryClosed(f"purgatory {self.name!r}: its event loop is closed")
+                self._settle(op, closed, True)
+                return
+            self.callback_failed(op, exc, "on_complete")
+            self._settle(op, exc, True)
+            if isinstance(exc, FATAL):
+                raise
+            return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -479,8 +562,8 @@ class _Detached(Lifecycle):
     def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
         _log.error("callback_error", op=repr(op), stage=stage, exc_info=exc)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_async(op, offload))
         self._orphans.add(task)
         task.add_done_callback(self._orphans.discard)
 

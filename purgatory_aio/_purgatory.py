@@ -134,12 +134,26 @@ class Purgatory:
         operation completed before or during the call has settled (callbacks
         finished, awaiters released), whichever thread completed it.
         Idempotent: later calls wait for the first to finish.
+
+        From an async callback of this purgatory's own operations, it returns once
+        everything else has settled; that callback's operation settles when the
+        callback returns. From another event loop (or thread) it raises
+        ``RuntimeError`` and changes nothing, unless the purgatory's own loop is
+        closed: then nothing could ever run there again, and it settles everything
+        from the caller's loop (callbacks that need the closed loop, async ones,
+        settle with :class:`PurgatoryClosed`).
         """
-        if self._shutdown_task is None:
+        life = self._life
+        shutdown = self._shutdown_task
+        if shutdown is None:
             flag = check_flag(expire_pending, "expire_pending")
-            self._life.closed = True
-            self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown(flag))
-        await asyncio.shield(self._shutdown_task)
+            life.check_shutdown_loop()  # before anything changes
+            loop = asyncio.get_running_loop()
+            life.closed = True
+            shutdown = self._shutdown_task = loop.create_task(self._shutdown(flag))
+        elif not shutdown.done():
+            life.check_shutdown_loop()
+        await life.join_shutdown(shutdown)
 
     async def _shutdown(self, expire_pending: bool) -> None:
         settled = await self._life.shutdown(expire_pending)

@@ -62,6 +62,12 @@ class ManualClock:
     between tasks that touch none of them (queues, events) may finish only after
     time has moved on.
 
+    Concurrent advances take turns, each from the time its turn begins (two
+    concurrent ``advance(1)`` move time by 2, as Kafka's MockTime): time never
+    goes back, and every wake-up runs at its own instant. An advance awaited by a
+    callback task that the running advance waits for starts once that one has
+    stopped waiting for it (``stall_timeout``).
+
     Args:
         start: the initial reading, in seconds.
         epoch: the Unix time that reading 0.0 corresponds to (for event records).
@@ -83,6 +89,9 @@ class ManualClock:
         # Held strongly (the compiled Purgatory cannot be weakly referenced) and dropped
         # once closed with nothing left running.
         self._watched: dict[int, Quiescent] = {}
+        # Makes concurrent advances take turns; one per event loop the clock is used on
+        # (an asyncio.Lock binds to the first loop it makes a task wait on).
+        self._turns: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @property
     def epoch_offset(self) -> float:
@@ -121,14 +130,34 @@ class ManualClock:
         return heap[0][0] if heap else None
 
     async def advance(self, delta: float) -> None:
-        """Move time forward by ``delta`` seconds, running everything due on the way."""
-        await self.advance_to(self._now + check_seconds(delta, "delta"))
+        """Move time forward by ``delta`` seconds, running everything due on the way.
+
+        The seconds count from when this advance's turn begins (see the class).
+        """
+        delta = check_seconds(delta, "delta")
+        async with self._turn():
+            await self._advance_to(self._now + delta)
 
     async def advance_to(self, target: float) -> None:
-        """Move time forward to ``target`` (never backwards)."""
+        """Move time forward to ``target`` (never backwards).
+
+        A concurrent advance that has moved past ``target`` by this one's turn
+        leaves it nothing to do.
+        """
         target = check_instant(target, "target")
         if target < self._now:
             raise ValueError(f"cannot move a ManualClock back from {self._now} to {target}")
+        async with self._turn():
+            await self._advance_to(max(target, self._now))
+
+    def _turn(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        turns = self._turns
+        if turns is None or turns[0] is not loop:
+            turns = self._turns = (loop, asyncio.Lock())
+        return turns[1]
+
+    async def _advance_to(self, target: float) -> None:
         await self._settle()
         heap = self._heap
         while True:
