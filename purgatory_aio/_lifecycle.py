@@ -476,7 +476,9 @@ class Lifecycle:
             purgatory=self.name,
             op_type=type(op).op_type or type(op).__name__,
             op_id=next(self._ids),
-            keys=[str(key) for key in op._keys],
+            # The keys it was watched under: none if it completed at its first try (its
+            # _store still NOT_WATCHED), though it was handed to the purgatory with some.
+            keys=[str(key) for key in op._keys] if op._store else [],
             created_at=deadline - op._timeout + epoch,
             deadline=deadline + epoch,
             settled_at=clock.time() + epoch,

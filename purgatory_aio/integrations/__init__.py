@@ -184,18 +184,27 @@ async def watch_until_disconnected(
 
     An operation that completes at once never touches ``on_disconnect``. Otherwise
     a disconnection cancels ``op`` (its ``on_complete`` never runs) and this raises
-    :class:`ClientDisconnected`; cancelling the awaiting task cancels ``op`` too.
+    :class:`ClientDisconnected`; cancelling the awaiting task cancels ``op`` too, and so
+    does an ``on_disconnect`` that fails to subscribe (its error propagates).
 
     Raises:
         ClientDisconnected: the client went away first.
         OperationCancelled: the application cancelled ``op``.
         PurgatoryClosed: the purgatory is shut down.
+
+    Whatever else ``op`` ends with (its ``on_complete`` raised, even
+    :class:`asyncio.CancelledError`) is raised as it is.
     """
     await purgatory.try_complete_else_watch(op, keys)
     if op.done():
         return op.result()
     withdrawal = _Withdrawal(op)
-    unsubscribe = on_disconnect(withdrawal)
+    try:
+        unsubscribe = on_disconnect(withdrawal)
+    except BaseException:
+        # Nobody will hear the client leave, nor wait for op: withdraw it now.
+        op.cancel()
+        raise
     try:
         return await op
     except asyncio.CancelledError:
@@ -207,7 +216,9 @@ async def watch_until_disconnected(
             raise
         if withdrawal.withdrawn:
             raise ClientDisconnected(_GONE) from None
-        raise OperationCancelled(f"{op!r} was cancelled while its client waited") from None
+        if op.cancelled:
+            raise OperationCancelled(f"{op!r} was cancelled while its client waited") from None
+        raise  # op completed, and its on_complete raised this CancelledError
     finally:
         unsubscribe()
 
@@ -236,28 +247,58 @@ async def cancel_on_disconnect(on_disconnect: OnDisconnect) -> AsyncIterator[Non
     watches its operation with :meth:`Purgatory.watch_and_wait` (which cancels
     the operation when its task is cancelled). Works like :func:`asyncio.timeout`:
     the task is cancelled and the cancellation is turned into the exception at
-    the end of the block.
+    the end of the block. The cancellation never outlives the block: a client
+    already gone when the block starts (``on_disconnect`` calls back at once)
+    cancels it at its first suspension, as an expired ``asyncio.timeout`` does,
+    and a block that finishes without suspending finishes normally.
     """
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError("cancel_on_disconnect must be used inside a task")
+    cancelling = task.cancelling()  # cancellations requested before the block, not ours
     fired = False
+    requested = False  # task.cancel() called: ours to take back with uncancel()
+    deferred: asyncio.Handle | None = None
+
+    def request() -> None:
+        nonlocal requested
+        requested = True
+        task.cancel()
 
     def cancel() -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            task.cancel()
+        nonlocal fired, deferred
+        if fired:
+            return
+        fired = True
+        if asyncio.current_task() is task:
+            # Called back from inside the task itself (while subscribing, or by the block's
+            # own code): a cancel() now would stay pending until the task's next await,
+            # after the block if the block never suspends. Request it from the loop
+            # instead, which runs it only once the task is suspended (inside the block).
+            deferred = task.get_loop().call_soon(request)
+        else:
+            request()
 
-    unsubscribe = on_disconnect(cancel)
+    try:
+        unsubscribe = on_disconnect(cancel)
+    except BaseException:
+        if deferred is not None:
+            deferred.cancel()
+        raise
     try:
         yield
     except asyncio.CancelledError:
-        # uncancel() tells our own cancellation from one requested by someone else.
-        if fired and task.uncancel() == 0:
-            raise ClientDisconnected(_GONE) from None
+        if requested:
+            requested = False
+            # uncancel() tells our own cancellation from one requested by someone else.
+            if task.uncancel() <= cancelling:
+                raise ClientDisconnected(_GONE) from None
         raise
     finally:
+        if deferred is not None:
+            deferred.cancel()  # the block finished before suspending: nothing to cancel
+        if requested:
+            task.uncancel()  # delivered inside the block, which swallowed it
         unsubscribe()
 
 

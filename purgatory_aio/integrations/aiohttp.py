@@ -130,8 +130,25 @@ def setup_purgatories(
     purgatories: the fan-out is started after them (a ``cleanup_ctx`` entry, so a
     Redis that cannot be reached fails the startup) and stopped before they are
     shut down, and it is stored under :data:`FANOUT`.
+
+    Every argument is checked before anything changes: a refused call leaves
+    ``app`` as it was (TypeError, ValueError; RuntimeError for an application
+    already started, which can no longer take the entries that run them).
     """
     registry = app.get(PURGATORIES)
+    # Checked on a copy first: registering one purgatory after another must not stop
+    # half-way, with the ones before the refused one registered and published.
+    Purgatories((*(registry or ()), *purgatories))
+    adds_fanout = False
+    if fanout is not None:
+        if not isinstance(fanout, Fanout):
+            raise TypeError(f"fanout must be a Fanout, got {fanout!r}")
+        current = app.get(FANOUT)
+        if current is not None and current is not fanout:
+            raise ValueError("this application already has another fanout")
+        adds_fanout = current is None
+    if app.frozen and (registry is None or adds_fanout):
+        raise RuntimeError("setup_purgatories must be called before the application starts")
     if registry is None:
         registry = app[PURGATORIES] = Purgatories()
         app.cleanup_ctx.append(_run_purgatories)
@@ -139,12 +156,9 @@ def setup_purgatories(
     for purgatory in purgatories:
         registry.add(purgatory)
         app[purgatory_key(purgatory.name)] = purgatory
-    if fanout is not None:
-        if FANOUT in app and app[FANOUT] is not fanout:
-            raise ValueError("this application already has another fanout")
-        if FANOUT not in app:
-            app[FANOUT] = fanout
-            app.cleanup_ctx.append(_run_fanout)
+    if fanout is not None and adds_fanout:
+        app[FANOUT] = fanout
+        app.cleanup_ctx.append(_run_fanout)
     return registry
 
 

@@ -136,6 +136,9 @@ class PurgatoryLifespan:
         settle_on_signal: bool = True,
         fanout: Fanout | None = None,
     ) -> None:
+        # Everything is checked here, before the application is touched.
+        if fanout is not None and not isinstance(fanout, Fanout):
+            raise TypeError(f"fanout must be a Fanout, got {fanout!r}")
         self.purgatories = Purgatories(purgatories)
         self._lifespan = lifespan
         self._settle_on_signal = settle_on_signal

@@ -20,7 +20,6 @@ from lc_support import (
     LOOP_FACTORIES,
     AsyncHostileOp,
     HostileOp,
-    ListSink,
     is_settled,
     outcome_of,
     raised,
@@ -433,21 +432,3 @@ async def test_force_complete_from_thread_without_loop_settles_or_refuses_before
         assert outcome is True
         assert await outcome_of(op) == ("result", "completed")
         assert op.completions == 1
-
-
-# -- the event record ------------------------------------------------------------------------
-
-
-async def test_event_of_an_operation_satisfied_at_its_first_try_has_its_keys(
-    clock: ManualClock,
-) -> None:
-    sink = ListSink()
-    async with Purgatory("lc", clock=clock, event_sink=sink) as p:
-        op = HostileOp(1.0, completable=True)
-        assert await p.try_complete_else_watch(op, ["a", ("b", 1)]) is True
-        (event,) = sink.events
-        assert event.outcome == "completed"
-        assert event.keys == ["a", str(("b", 1))], (
-            f"event keys {event.keys}: the keys the operation was handed with are missing"
-        )
-        assert (p.num_delayed, p.watched) == (0, 0)
