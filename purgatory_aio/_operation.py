@@ -115,8 +115,10 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
                 f"without an implementation for abstract method(s) {missing}"
             )
         # Typed as a protocol so that the compiled build leaves bad input to this check.
+        # Exactly float: a subclass may override its comparisons (or __float__), so it
+        # goes through check_seconds, which tests the float it converts it to.
         seconds: float
-        if isinstance(timeout, float) and 0.0 <= timeout < INF:
+        if type(timeout) is float and 0.0 <= timeout < INF:
             seconds = timeout
         else:
             seconds = check_seconds(timeout, "timeout")

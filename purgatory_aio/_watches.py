@@ -253,6 +253,23 @@ class WatchStore:
         self.watched += entries
         self.live += entries
 
+    def unwatch(self, op: DelayedOperation[Any], keys: tuple[Hashable, ...]) -> None:
+        """Undo a :meth:`watch` that raised part-way: take ``op`` out of every list it got
+        into (nothing was counted yet)."""
+        ident = getattr(op, "_ident", None)
+        if ident is None:
+            return  # it failed before its first entry
+        lists = self.lists
+        for key in keys:
+            try:
+                watch_list = lists.get(key)
+                if watch_list is not None and ident in watch_list:
+                    del watch_list[ident]
+                    if not watch_list:
+                        del lists[key]
+            except Exception:  # the lookup that failed in watch: nothing is held under it
+                continue
+
     def watch_threshold(self, op: DelayedOperation[Any], key: Hashable, threshold: float) -> None:
         index = self.indexes.get(key)
         if index is None:
