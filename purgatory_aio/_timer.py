@@ -292,7 +292,8 @@ class Timer:
         # Parameters typed as protocols are not checked by the compiled build, so bad
         # input always reaches the checks here and gets their messages.
         seconds: float
-        if isinstance(delay, float) and 0.0 <= delay < _INF:
+        # An exact float only: a subclass could override its comparisons.
+        if type(delay) is float and 0.0 <= delay < _INF:
             seconds = delay
         else:
             seconds = check_seconds(delay, "delay")
