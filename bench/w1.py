@@ -366,6 +366,12 @@ class HarnessContender:
         return {"left_pending": 0}
 
 
+async def _two_tries(op: W1UserOp) -> bool:
+    """The calls API.md makes per watch, with nothing else: an awaited coroutine that
+    tries the operation, (would watch it,) and tries it again."""
+    return op.try_complete() or op.try_complete()
+
+
 class UserCodeContender(HarnessContender):
     """W1-user's operations with no purgatory: the driver plus the user's own code.
 
@@ -378,15 +384,20 @@ class UserCodeContender(HarnessContender):
     """
 
     name = "user-code"
+    #: Whether each arrival also makes the calls API.md requires (ApiFloorContender).
+    api_calls = False
 
     async def enqueue(self, start: int, stop: int) -> list[Any]:
         settlements = self._settlements
         assert settlements is not None
         latencies = self._latencies
         timeout = self._timeout
+        api_calls = self.api_calls
         ops: list[Any] = []
         for index in range(start, stop):
             op = W1UserOp(timeout, index, settlements)
+            if api_calls:
+                await _two_tries(op)
             if latencies[index] >= timeout:
                 settlements.expired_one(0.0)
             ops.append(op)
@@ -394,12 +405,6 @@ class UserCodeContender(HarnessContender):
 
     def complete(self, token: Any, index: int) -> None:
         token.on_complete()
-
-
-async def _two_tries(op: W1UserOp) -> bool:
-    """The calls API.md makes per watch, with nothing else: an awaited coroutine that
-    tries the operation, (would watch it,) and tries it again."""
-    return op.try_complete() or op.try_complete()
 
 
 class ApiFloorContender(UserCodeContender):
@@ -414,20 +419,7 @@ class ApiFloorContender(UserCodeContender):
     """
 
     name = "api-floor"
-
-    async def enqueue(self, start: int, stop: int) -> list[Any]:
-        settlements = self._settlements
-        assert settlements is not None
-        latencies = self._latencies
-        timeout = self._timeout
-        ops: list[Any] = []
-        for index in range(start, stop):
-            op = W1UserOp(timeout, index, settlements)
-            await _two_tries(op)
-            if latencies[index] >= timeout:
-                settlements.expired_one(0.0)
-            ops.append(op)
-        return ops
+    api_calls = True
 
 
 #: What makes a contender from the schedule and parameters (a contender class).

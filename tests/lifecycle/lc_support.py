@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import uvloop
@@ -201,3 +201,23 @@ def call(fn: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]
 
 def raised(what: str, exc: BaseException | None) -> str:
     return f"{what} let {type(exc).__name__}({exc}) escape to its caller"
+
+
+def run_on(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], limit: float = 10.0
+) -> Any:
+    """Run ``coro`` on ``loop``, bounded by ``limit`` seconds; return (value, what it raised).
+
+    The bound is ``asyncio.timeout`` inside the one task that runs ``coro``: with
+    ``wait_for`` (a task of its own in 3.11) an interrupt raised in the inner task
+    would be raised again by the outer one on the loop's next run.
+    """
+
+    async def bounded() -> Any:
+        async with asyncio.timeout(limit):
+            return await coro
+
+    try:
+        return loop.run_until_complete(bounded()), None
+    except BaseException as exc:  # KeyboardInterrupt included: it must not end pytest
+        return None, exc

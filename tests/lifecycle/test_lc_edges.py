@@ -12,7 +12,7 @@ import asyncio
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from lc_support import (
     outcome_of,
     raised,
     raiser,
+    run_on,
 )
 
 import purgatory_aio
@@ -33,24 +34,6 @@ from purgatory_aio.testing import ManualClock
 LIMIT = 10.0
 
 loops = pytest.mark.parametrize("loop_name", list(LOOP_FACTORIES))
-
-
-def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` on ``loop``, bounded; return (value, what it raised).
-
-    The bound is ``asyncio.timeout`` inside the one task that runs ``coro``: with
-    ``wait_for`` (a task of its own in 3.11) an interrupt raised in the inner task
-    would be raised again by the outer one on the loop's next run.
-    """
-
-    async def bounded() -> Any:
-        async with asyncio.timeout(LIMIT):
-            return await coro
-
-    try:
-        return loop.run_until_complete(bounded()), None
-    except BaseException as exc:  # KeyboardInterrupt included: it must not end pytest
-        return None, exc
 
 
 # -- KeyboardInterrupt / SystemExit: may propagate, leave nothing half-settled ---------------

@@ -14,7 +14,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
-from lc_support import LOOP_FACTORIES, AsyncHostileOp, HostileOp, is_settled, outcome_of
+from lc_support import (
+    LOOP_FACTORIES,
+    AsyncHostileOp,
+    HostileOp,
+    is_settled,
+    outcome_of,
+    run_on,
+)
 from support import MockOperation, settled_once
 
 from purgatory_aio import Purgatory, PurgatoryClosed, Timer
@@ -26,17 +33,9 @@ LIMIT = 2.0
 loops = pytest.mark.parametrize("loop_name", list(LOOP_FACTORIES))
 
 
-def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` on ``loop``, bounded; return (value, what it raised)."""
-
-    async def bounded() -> Any:
-        async with asyncio.timeout(LIMIT):
-            return await coro
-
-    try:
-        return loop.run_until_complete(bounded()), None
-    except BaseException as exc:  # KeyboardInterrupt included: it must not end pytest
-        return None, exc
+def run_on_bounded(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    """``run_on`` with this file's bound."""
+    return run_on(loop, coro, LIMIT)
 
 
 def cancel_current_task(op: object) -> None:
@@ -183,11 +182,11 @@ def test_an_interrupt_mid_bucket_puts_back_only_the_entries_still_pending(loop_n
             cancelled = timer.call_at(0.7, ran.append, "cancelled")
             timer.call_at(0.8, ran.append, "pending")
 
-        assert run_on(loop, schedule()) == (None, None)
-        _, exc = run_on(loop, clock.advance(0.3))
+        assert run_on_bounded(loop, schedule()) == (None, None)
+        _, exc = run_on_bounded(loop, clock.advance(0.3))
         assert isinstance(exc, KeyboardInterrupt)
         assert len(timer) == 1  # the cancelled one is neither put back nor counted
-        _, exc = run_on(loop, clock.advance(1.0))
+        _, exc = run_on_bounded(loop, clock.advance(1.0))
         assert exc is None
         assert ran == ["pending"] and len(timer) == 0
         timer.close()
@@ -399,7 +398,7 @@ def test_shutdown_from_a_second_loop_while_the_first_lives_is_refused_unchanged(
     ops = [HostileOp(10, name="sync"), AsyncHostileOp(10, name="async")]
     first = LOOP_FACTORIES[loop_name]()
     try:
-        assert run_on(first, _watch_all(p, ops)) == (None, None)
+        assert run_on_bounded(first, _watch_all(p, ops)) == (None, None)
         with (
             pytest.raises(RuntimeError, match="another event loop"),
             asyncio.Runner(loop_factory=LOOP_FACTORIES[loop_name]) as runner,
@@ -408,7 +407,7 @@ def test_shutdown_from_a_second_loop_while_the_first_lives_is_refused_unchanged(
         assert not p.closed and p.num_delayed == 2
         assert not any(op.is_completed for op in ops)
         # Its own loop still shuts it down, and settles everything.
-        assert run_on(first, p.shutdown()) == (None, None)
+        assert run_on_bounded(first, p.shutdown()) == (None, None)
         assert all(op.expired and is_settled(op) and op.completions == 1 for op in ops)
     finally:
         first.close()
