@@ -229,11 +229,7 @@ class Lifecycle:
     def check(self, key: Hashable) -> int:
         """check_and_complete: try every pending operation watched under ``key``."""
         store = self._store
-        try:
-            watched = store.holds(key)
-        except (TypeError, StopIteration) as exc:
-            raise _bad_key(key, exc) from exc
-        if not watched:
+        if not _looked_up(store, key, False):
             return 0
         self._on_loop_thread("check_and_complete", "; use check_and_complete_threadsafe")
         return store.check(key, try_guarded)
@@ -241,11 +237,7 @@ class Lifecycle:
     def advance(self, key: Hashable, value: float) -> int:
         """advance_key: try the threshold operations on ``key`` that ``value`` reaches."""
         store = self._store
-        try:
-            indexed = key in store.indexes
-        except (TypeError, StopIteration) as exc:
-            raise _bad_key(key, exc) from exc
-        if not indexed:
+        if not _looked_up(store, key, True):
             return 0
         self._on_loop_thread("advance_key", "")
         return store.advance(key, value, try_guarded)
@@ -253,11 +245,7 @@ class Lifecycle:
     def cancel_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """cancel_for_key: withdraw every pending operation watched under ``key``."""
         store = self._store
-        try:
-            watched = store.holds(key)
-        except (TypeError, StopIteration) as exc:
-            raise _bad_key(key, exc) from exc
-        if not watched:
+        if not _looked_up(store, key, False):
             return []
         self._on_loop_thread("cancel_for_key", "")
         return [op for op in store.take(key) if op.cancel()]
@@ -795,6 +783,16 @@ def _bad_watch_key(keys: tuple[Hashable, ...], exc: BaseException) -> TypeError:
                 f"watch key {key!r} cannot be compared with the keys before it: {raised!r}"
             )
     return TypeError(f"watch keys {keys!r} cannot be hashed or compared: {exc!r}")
+
+
+def _looked_up(store: WatchStore, key: Hashable, indexed: bool) -> bool:
+    """Whether ``store`` holds ``key`` (in a threshold index, if ``indexed``), with a key
+    that cannot be hashed or compared refused by name (a StopIteration from its
+    ``__hash__`` or ``__eq__`` must not end a calling coroutine)."""
+    try:
+        return key in store.indexes if indexed else store.holds(key)
+    except (TypeError, StopIteration) as exc:
+        raise _bad_key(key, exc) from exc
 
 
 def _bad_key(key: object, exc: BaseException, what: str = "key") -> TypeError:

@@ -81,7 +81,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         "_timeout",
         "_waiter",
     )
-    # Set when first watched (see _watches): the key of its watch-list entries.
+    # Set when it first enters a plain watch list (see _watches): its entries' key.
     _ident: object
 
     op_type: ClassVar[str | None] = None
@@ -152,12 +152,9 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # The library's attributes exist only once DelayedOperation.__init__ has run. A subclass
     # whose __init__ forgot super().__init__(timeout) reads as unset attributes (a bare
     # AttributeError about a private name, on either build): every public member turns that
-    # into the TypeError naming the mistake. The handler runs only on that error path: a
-    # try costs nothing in CPython 3.11, and in the compiled build the read's own error
-    # branch jumps to it. What remains, compiled, is that a function with a handler saves
-    # more registers on entry (callgrind, per call): none in force_complete and __await__,
-    # which save them anyway, 4 instructions in result() and exception(), up to 8 in the
-    # one-line readers, 15 in cancel() with its LOCKED test.
+    # into the TypeError naming the mistake, the readers of the state word through
+    # _state_of. The handler runs only on that error path: a try costs nothing in CPython
+    # 3.11, and in the compiled build the read's own error branch jumps to it.
 
     @property
     @final
@@ -189,43 +186,28 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @final
     def is_completed(self) -> bool:
         """True once completed: satisfied, expired, or by shutdown (not when cancelled)."""
-        try:
-            return bool(self._state & COMPLETED)
-        except AttributeError:
-            raise _uninitialised(self) from None
+        return bool(_state_of(self) & COMPLETED)
 
     @property
     @final
     def expired(self) -> bool:
         """True if it was completed by its deadline passing (or by shutdown)."""
-        try:
-            return bool(self._state & EXPIRED)
-        except AttributeError:
-            raise _uninitialised(self) from None
+        return bool(_state_of(self) & EXPIRED)
 
     @property
     @final
     def cancelled(self) -> bool:
-        try:
-            return bool(self._state & CANCELLED)
-        except AttributeError:
-            raise _uninitialised(self) from None
+        return bool(_state_of(self) & CANCELLED)
 
     @final
     def done(self) -> bool:
         """True once settled: the result, exception or cancellation is final."""
-        try:
-            return bool(self._state & SETTLED)
-        except AttributeError:
-            raise _uninitialised(self) from None
+        return bool(_state_of(self) & SETTLED)
 
     @final
     def result(self) -> R:
         """The result of a settled operation (like ``Future.result``)."""
-        try:
-            state = self._state
-        except AttributeError:
-            raise _uninitialised(self) from None
+        state = _state_of(self)
         if not state & SETTLED:
             raise asyncio.InvalidStateError("operation is not settled yet")
         if state & CANCELLED:
@@ -237,10 +219,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @final
     def exception(self) -> BaseException | None:
         """The exception of a settled, failed operation, else None."""
-        try:
-            state = self._state
-        except AttributeError:
-            raise _uninitialised(self) from None
+        state = _state_of(self)
         if not state & SETTLED:
             raise asyncio.InvalidStateError("operation is not settled yet")
         if state & CANCELLED:
@@ -280,12 +259,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         """Withdraw a pending operation: ``on_complete`` never runs, awaiters get
         :class:`asyncio.CancelledError`. True if this call withdrew it."""
         try:
-            # Interpreted, the state word is read once before the lock: the locked region
-            # of transition() must not raise, and an ended operation needs no lock.
-            if LOCKED and self._state & ENDED:
-                return False
             won = transition(self, CANCELLED)
-        except AttributeError:
+        except AttributeError:  # transition() reads the state word before any lock
             raise _uninitialised(self) from None
         if not won:
             return False
@@ -301,11 +276,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # -- awaiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, R]:
-        try:
-            settled = self._state & SETTLED
-        except AttributeError:
-            raise _uninitialised(self) from None
-        if not settled:
+        if not _state_of(self) & SETTLED:
             # One future per awaiting task: a task that is cancelled cancels only its own,
             # and the common single awaiter costs one future, no shield around a shared one.
             future = asyncio.get_running_loop().create_future()
@@ -423,6 +394,14 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         except AttributeError:
             return f"<{name} uninitialised (its __init__ did not call super().__init__(timeout))>"
         return f"<{name} {describe(state)} timeout={timeout}>"
+
+
+def _state_of(op: DelayedOperation[Any]) -> int:
+    """``op``'s state word, for the public members that read it (see "state" above)."""
+    try:
+        return op._state
+    except AttributeError:
+        raise _uninitialised(op) from None
 
 
 def _uninitialised(op: DelayedOperation[Any]) -> TypeError:

@@ -69,6 +69,11 @@ release: Final = _TRANSITION.release
 def transition(op: DelayedOperation[Any], bits: int) -> bool:
     """Set ``bits`` if ``op`` is still pending; True for the one caller that did."""
     if LOCKED:
+        # Read once before the lock: an ended operation needs none, and an unset state
+        # word (a subclass that skipped DelayedOperation.__init__) raises here, never
+        # inside the locked region, which must not raise.
+        if op._state & ENDED:
+            return False
         acquire()
     state = op._state
     won = not state & ENDED

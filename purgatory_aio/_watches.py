@@ -2,14 +2,14 @@
 
 Watch lists are insertion-ordered dicts (one per key), so adding and removing an
 operation is O(1) and a walk visits operations oldest first. They are keyed by a
-serial number the store gives an operation when it is first watched
-(``op._ident``), never by the operation itself: an operation class may define ``__eq__``
-and ``__hash__`` by value (two requests for the same offset compare equal) or be
-unhashable (a ``@dataclass``), and each operation is still watched on its own. Operations whose
-condition is "this key's monotonic value has reached my threshold" go into a
-per-key index ordered by threshold instead (a sorted run plus a heap of recent
-arrivals), so advancing the value takes exactly the operations it can satisfy:
-O(log n + k) for k of them, where a watch list would try all n.
+serial number the store gives an operation when it first enters one
+(``op._ident``), never by the operation itself: an operation class may define
+``__eq__`` and ``__hash__`` by value (two requests for the same offset compare
+equal) or be unhashable (a ``@dataclass``), and each operation is still watched on
+its own. Operations whose condition is "this key's monotonic value has reached my
+threshold" go into a per-key index ordered by threshold instead (a sorted run plus
+a heap of recent arrivals), so advancing the value takes exactly the operations it
+can satisfy: O(log n + k) for k of them, where a watch list would try all n.
 
 As in Kafka, an operation settled other than by a walk over one of its keys stays
 in its other watch lists until a walk meets it or a purge removes it; ``watched``
@@ -42,6 +42,7 @@ NOT_WATCHED: Final = 0
 IN_WATCH_LISTS: Final = 1
 IN_THRESHOLD_INDEX: Final = 2
 IN_WALK: Final = 3  # taken out of its index by advance_key, held by that walk
+TAKEN: Final = 4  # taken from a walk by cancel_for_key: its one entry is gone already
 
 _order = itertools.count()
 
@@ -275,7 +276,6 @@ class WatchStore:
         if index is None:
             index = self.indexes[key] = ThresholdIndex()
         index.push(threshold, op)
-        op._ident = self._next_ident()  # for the plain watch list it may move to
         op._store = IN_THRESHOLD_INDEX
         self.watched += 1
         self.live += 1
@@ -390,7 +390,9 @@ class WatchStore:
                 watch_list = self.lists.get(key)
                 if watch_list is None:
                     watch_list = self.lists[key] = {}
-            watch_list[op._ident] = op  # walk entry -> list entry: counts unchanged
+            # walk entry -> list entry: counts unchanged
+            ident = op._ident = self._next_ident()
+            watch_list[ident] = op
             op._store = IN_WATCH_LISTS
 
     def take(self, key: Hashable) -> list[DelayedOperation[Any]]:
@@ -415,7 +417,7 @@ class WatchStore:
             for walk in walks:
                 for op in walk:
                     if op._store == IN_WALK and not op._state & ENDED:
-                        op._store = IN_WATCH_LISTS  # its entry is gone: the walk skips it
+                        op._store = TAKEN  # the walk skips it
                         self.watched -= 1
                         ops.append(op)
         return ops
@@ -432,8 +434,8 @@ class WatchStore:
         store = op._store
         if store == NOT_WATCHED:
             return
-        if store == IN_WALK:
-            self.live -= 1  # the walk drops its entry itself
+        if store >= IN_WALK:  # IN_WALK or TAKEN
+            self.live -= 1  # its one entry is dropped by the walk, or was by take()
             return
         self.live -= len(op._keys) if store == IN_WATCH_LISTS else 1
         dirty = self.dirty
@@ -450,12 +452,12 @@ class WatchStore:
         dirty, self.dirty = self.dirty, []
         for op in dirty:
             keys = op._keys
-            ident = op._ident
             if op._store == IN_THRESHOLD_INDEX:
                 index = indexes.get(keys[0])
                 if index is not None:
                     index.stale += 1
                 continue
+            ident = op._ident
             for key in keys:
                 watch_list = lists.get(key)
                 # A membership test and del, not pop(): both are direct dict operations

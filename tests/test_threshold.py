@@ -378,3 +378,21 @@ async def test_operations_completed_during_a_walk_are_counted_out_of_watched_onc
         counter.value = 100
         assert p.advance_key("k", 100) == 0
         assert p.watched == 0
+
+
+async def test_operations_cancel_for_key_takes_from_a_walk_are_purged_cleanly() -> None:
+    counter = Counter()
+    taken: list[DelayedOperation[object]] = []
+    # purge_interval=1: every retirement purges, the taken ones' included.
+    async with Purgatory("walk", clock=ManualClock(), purge_interval=1) as p:
+        first = Scripted(counter, 1, lambda: taken.extend(p.cancel_for_key("k")))
+        rest = [Scripted(counter, t) for t in range(2, 6)]
+        plain = Scripted(counter, 100)
+        for op in (first, *rest):
+            await p.watch_threshold(op, "k", op.target)
+        await p.try_complete_else_watch(plain, ["k"])
+        counter.value = 5
+        assert p.advance_key("k", 5) == 1
+        assert set(taken) == {*rest, plain}
+        assert all(op.cancelled for op in (*rest, plain))
+        assert (p.watched, p.num_delayed) == (0, 0)
