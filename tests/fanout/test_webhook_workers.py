@@ -26,6 +26,7 @@ pytestmark = pytest.mark.one_loop  # the servers are subprocesses; one client lo
 class Workers:
     base: str
     redis_url: str
+    redis_pid: int
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def workers() -> Iterator[Workers]:
         )
         try:
             wait_for_port(port, timeout=30)
-            yield Workers(f"http://127.0.0.1:{port}", redis_server.url)
+            assert redis_server.proc is not None
+            yield Workers(f"http://127.0.0.1:{port}", redis_server.url, redis_server.proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -163,3 +165,64 @@ async def test_a_burst_of_10k_events_answers_10k_parked_polls_across_two_workers
         results = await asyncio.gather(*polls)
     assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
     assert all(acked for _, acked in results)
+
+
+async def test_2000_polls_parked_across_two_workers_are_each_answered_once_by_acks(
+    workers: Workers, session: aiohttp.ClientSession
+) -> None:
+    n = 2000
+    base = workers.base
+
+    async def wait(i: int) -> tuple[int, bool]:
+        async with session.get(f"{base}/jobs/two-{i}/wait?timeout_ms=40000") as response:
+            body = await response.json()
+            return i, bool(body["acked"])
+
+    polls = [asyncio.create_task(wait(i)) for i in range(n)]
+    await parked_in_both(base, n)
+
+    async def ack(i: int) -> int:
+        async with session.post(f"{base}/jobs/two-{i}/ack") as response:
+            return response.status
+
+    statuses = []
+    for start in range(0, n, 200):
+        statuses += await asyncio.gather(*(ack(i) for i in range(start, start + 200)))
+    assert statuses == [202] * n  # each stored before it was answered
+    results = await asyncio.gather(*polls)
+    assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
+    assert all(acked for _, acked in results)
+
+
+async def parked_in_both(base: str, n: int) -> None:
+    """Until ``n`` polls are pending across the two workers."""
+    pending: dict[int, int] = {}
+    deadline = time.monotonic() + HANG_GUARD * 2
+    while len(pending) < 2 or sum(pending.values()) < n:
+        assert time.monotonic() < deadline, f"only {sum(pending.values())} polls parked"
+        # Fresh connections land on either worker: keep the latest count of each.
+        async with aiohttp.ClientSession() as probe, probe.get(f"{base}/fanout/stats") as r:
+            stats = await r.json()
+        pending[stats["worker"]] = stats["pending"]
+        await asyncio.sleep(0.05)
+
+
+async def test_an_ack_that_cannot_be_stored_is_answered_503_with_retry_after(
+    workers: Workers, session: aiohttp.ClientSession
+) -> None:
+    redis_pid = workers.redis_pid
+    os.kill(redis_pid, signal.SIGSTOP)
+    try:
+        async with session.post(f"{workers.base}/jobs/frozen/ack") as response:
+            assert response.status == 503
+            assert response.headers["Retry-After"] == "1"
+            assert "not stored" in (await response.json())["detail"]
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+    deadline = time.monotonic() + HANG_GUARD
+    while True:  # after the thaw the same ack is taken
+        async with session.post(f"{workers.base}/jobs/frozen/ack") as response:
+            if response.status == 202:
+                break
+        assert time.monotonic() < deadline, "acks still refused after Redis came back"
+        await asyncio.sleep(0.2)
