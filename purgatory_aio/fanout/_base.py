@@ -673,15 +673,24 @@ class Fanout(BackendHost):
         """Apply one channel message; a malformed one is logged, counted and skipped."""
         stats = self._stats
         stats.received += 1
+        if self._down_since is not None:
+            self._up()
+        # The advance, the common message, is parsed inline rather than through decode():
+        # with nothing reached, advance_key costs 0.16 us and the parsing dominates
+        # (1.18 -> 0.80 us per delivered advance, python -m bench fanout).
         try:
-            if isinstance(message, bytes):
-                message = message.decode("utf-8")
-            kind, origin, value, key = decode(message)
-        except (MalformedMessage, UnicodeDecodeError) as exc:
+            text = message.decode("utf-8") if isinstance(message, bytes) else message
+            kind, origin, raw, key = text.split("|", 3)
+            if kind == ADVANCE and key:
+                value = float(raw)
+                if not -_INF < value < _INF:
+                    raise ValueError(f"advance with a non-finite value: {text[:200]!r}")
+            else:
+                kind, origin, value, key = decode(text)
+        except (ValueError, UnicodeDecodeError) as exc:
             stats.malformed += 1
-            _log.warning("fanout_malformed_message", error=str(exc))
+            _log.warning("fanout_malformed_message", error=f"{exc}"[:200])
             return
-        self._up()
         try:
             if kind == ADVANCE:
                 # Our own advances too: a watch that began after we applied it locally may
@@ -715,12 +724,14 @@ class Fanout(BackendHost):
         # advance_key alone: it records the value for the key's try_complete calls and visits
         # only the operations it reaches, O(log n + k) (a check_and_complete would sort the
         # key's whole threshold index: 22 ms at 100k watchers, against 16 us).
-        self._stats.applied_advances += 1
+        # A shut-down purgatory watches nothing: advance_key returns 0 there, no test needed.
+        stats = self._stats
+        stats.applied_advances += 1
         completed = 0
         for purgatory in self._purgatories:
-            if not purgatory.closed:
-                completed += purgatory.advance_key(key, value)
-        self._stats.completed += completed
+            completed += purgatory.advance_key(key, value)
+        if completed:
+            stats.completed += completed
         return completed
 
     def _apply_cancel(self, key: str) -> int:
