@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -226,3 +229,50 @@ async def test_an_ack_that_cannot_be_stored_is_answered_503_with_retry_after(
                 break
         assert time.monotonic() < deadline, "acks still refused after Redis came back"
         await asyncio.sleep(0.2)
+
+
+def test_a_worker_started_against_another_service_says_so_in_one_line() -> None:
+    """An HTTP port given as the Redis URL: one FanoutUnavailable line, no redis-py traceback."""
+    with socket.socket() as http:
+        http.bind(("127.0.0.1", 0))
+        http.listen(16)
+        port = http.getsockname()[1]
+        stop = threading.Event()
+
+        def answer_http() -> None:
+            http.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    conn, _ = http.accept()
+                except OSError:
+                    continue
+                with conn, contextlib.suppress(OSError):
+                    conn.recv(1000)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        thread = threading.Thread(target=answer_http, daemon=True)
+        thread.start()
+        try:
+            url = f"redis://:hunter2@127.0.0.1:{port}/0"
+            args = [
+                sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
+                "--port", str(free_port()), "--host", "127.0.0.1",
+            ]  # fmt: skip
+            result = subprocess.run(
+                args,
+                cwd=ROOT,
+                env={**os.environ, "PURGATORY_AIO_REDIS_URL": url},
+                capture_output=True,
+                text=True,
+                timeout=HANG_GUARD * 2,
+            )
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    lines = [line for line in output.splitlines() if "FanoutUnavailable: " in line]
+    assert len(lines) == 1, output
+    assert f"127.0.0.1:{port}" in lines[0] and "another service" in lines[0]
+    assert "hunter2" not in output
+    assert "InvalidResponse" not in output and "/redis/" not in output, output
