@@ -803,11 +803,13 @@ def _coordinator_error(conn: Connection, group_id: str) -> E | None:
 async def find_coordinator(conn: Connection, version: int, request: Any) -> Any:
     wire = conn.wire
     schema = response_schema(FIND_COORDINATOR, version)
+    # Transactional ids (key type 1) are located too, so that the producer's next
+    # request, InitProducerId, is refused at once instead of this lookup being retried.
     key_type = getattr(request, "key_type", 0)
     keys = list(request.coordinator_keys) if version >= 4 else [request.key]
 
     def locate(key: str) -> dict[str, Any]:
-        if key_type != 0:  # transactions (1) and share groups (2) are not implemented
+        if key_type not in (0, 1):  # share groups (2) are not implemented
             error, message = E.coordinator_not_available, "only consumer groups are coordinated"
         elif wire.groups.closing:
             error, message = E.coordinator_not_available, "shutting down"
