@@ -36,6 +36,7 @@ from .protocol import JoinGroupResponse as JoinGroupResponse
 from .protocol import PartitionFetchResult as PartitionFetchResult
 from .protocol import PartitionProduceResult as PartitionProduceResult
 from .protocol import ProduceRequest as ProduceRequest
+from .protocol import ProducerIdentity as ProducerIdentity
 from .protocol import ProduceResponse as ProduceResponse
 from .protocol import TopicMetadata as TopicMetadata
 from .protocol import TopicSpec as TopicSpec
@@ -62,6 +63,7 @@ __all__ = [
     "PartitionFetchResult",
     "PartitionProduceResult",
     "ProduceRequest",
+    "ProducerIdentity",
     "ProduceResponse",
     "Producer",
     "ProducerConfig",
