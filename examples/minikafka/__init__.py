@@ -36,8 +36,8 @@ from .protocol import JoinGroupResponse as JoinGroupResponse
 from .protocol import PartitionFetchResult as PartitionFetchResult
 from .protocol import PartitionProduceResult as PartitionProduceResult
 from .protocol import ProduceRequest as ProduceRequest
-from .protocol import ProducerIdentity as ProducerIdentity
 from .protocol import ProduceResponse as ProduceResponse
+from .protocol import ProducerIdentity as ProducerIdentity
 from .protocol import TopicMetadata as TopicMetadata
 from .protocol import TopicSpec as TopicSpec
 from .records import RECORD_OVERHEAD as RECORD_OVERHEAD
@@ -63,10 +63,10 @@ __all__ = [
     "PartitionFetchResult",
     "PartitionProduceResult",
     "ProduceRequest",
-    "ProducerIdentity",
     "ProduceResponse",
     "Producer",
     "ProducerConfig",
+    "ProducerIdentity",
     "Record",
     "TopicMetadata",
     "TopicPartition",
