@@ -211,3 +211,66 @@ def test_nulls_offsets_by_time_and_size_limit(cluster: RunningBroker, client: st
 def log_end(broker: RunningBroker, topic: str) -> int:
     tp = TopicPartition(topic, 0)
     return broker.call(lambda: broker.wire.cluster.partition(tp).log_end_offset)
+
+
+# -- idempotent producer ------------------------------------------------------------------------
+
+
+def _stall_followers(broker: RunningBroker, stalled: bool) -> None:
+    def apply() -> None:
+        for fetcher in broker.wire.cluster.fetchers:
+            if stalled:
+                fetcher.stall()
+            else:
+                fetcher.resume()
+
+    broker.call(apply)
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def replicated(request: pytest.FixtureRequest) -> Iterator[RunningBroker]:
+    running = RunningBroker(
+        BrokerConfig(brokers=3, min_insync_replicas=2, replica_lag_time_max=30.0),
+        WireConfig(port=0, partitions=1, replication_factor=3),
+        request.param,
+    )
+    yield running
+    running.stop()
+
+
+def test_idempotent_librdkafka_retries_timed_out_writes_without_duplicates(
+    replicated: RunningBroker,
+) -> None:
+    """The same run without idempotence leaves duplicates in the log (checked by hand)."""
+    topic = "idem"
+    create_topic(replicated, topic)
+    producer = Producer(
+        {
+            "bootstrap.servers": replicated.bootstrap,
+            "enable.idempotence": True,
+            "request.timeout.ms": 1000,  # the broker answers REQUEST_TIMED_OUT after it
+            "message.timeout.ms": 30_000,
+            "linger.ms": 5,
+        }
+    )
+    errors: list[KafkaError | None] = []
+    # With the followers paused, acks=all writes are appended by the leader but time out:
+    # the producer sends the same batches again.
+    _stall_followers(replicated, True)
+    for i in range(40):
+        producer.produce(
+            topic, value=b"%d" % i, partition=0, on_delivery=lambda e, _m: errors.append(e)
+        )
+        producer.poll(0)
+        time.sleep(0.02)
+    deadline = time.monotonic() + 3.5
+    while time.monotonic() < deadline:
+        producer.poll(0.1)
+    expired = replicated.purgatory_stats("produce")["expired"]
+    _stall_followers(replicated, False)
+    assert producer.flush(30) == 0
+    assert errors == [None] * 40
+    assert int(expired) > 0, "no write timed out: the retries were not exercised"
+    tp = TopicPartition(topic, 0)
+    values = replicated.call(lambda: [r.value for r in replicated.wire.cluster.partition(tp).log])
+    assert values == [b"%d" % i for i in range(40)]
