@@ -274,3 +274,134 @@ def test_idempotent_librdkafka_retries_timed_out_writes_without_duplicates(
     tp = TopicPartition(topic, 0)
     values = replicated.call(lambda: [r.value for r in replicated.wire.cluster.partition(tp).log])
     assert values == [b"%d" % i for i in range(40)]
+
+
+# -- static membership --------------------------------------------------------------------------
+
+
+class Member:
+    """A librdkafka consumer that records what it is assigned and revoked."""
+
+    def __init__(self, broker: RunningBroker, topic: str, instance: str | None) -> None:
+        config: dict[str, Any] = {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "static",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300,
+            "partition.assignment.strategy": "range",
+            "enable.auto.commit": False,
+        }
+        if instance is not None:
+            config["group.instance.id"] = instance
+        self.consumer = Consumer(config)
+        self.events: list[tuple[str, list[int]]] = []
+        self.assigned: list[int] = []
+        self.consumer.subscribe([topic], on_assign=self._assign, on_revoke=self._revoke)
+
+    def _assign(self, _c: object, parts: list[CkTopicPartition]) -> None:
+        self.assigned = sorted(p.partition for p in parts)
+        self.events.append(("assign", self.assigned))
+
+    def _revoke(self, _c: object, parts: list[CkTopicPartition]) -> None:
+        self.assigned = []
+        self.events.append(("revoke", sorted(p.partition for p in parts)))
+
+    def poll(self) -> None:
+        msg = self.consumer.poll(0.05)
+        assert msg is None or msg.error() is None, msg.error()
+
+
+def poll_until(members: list[Member], done: Callable[[], bool], within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, [m.events for m in members]
+        for member in members:
+            member.poll()
+
+
+def test_a_restarted_static_member_keeps_its_partitions_without_a_rebalance(
+    cluster: RunningBroker,
+) -> None:
+    topic = "static-topic"
+    create_topic(cluster, topic, partitions=4)
+    static, dynamic = Member(cluster, topic, "box-1"), Member(cluster, topic, None)
+    poll_until(
+        [static, dynamic],
+        lambda: len(static.assigned) == 2 and len(dynamic.assigned) == 2,
+    )
+    kept, seen_by_dynamic = static.assigned, list(dynamic.events)
+    # A static member leaves no LeaveGroup behind: its place waits for it.
+    static.consumer.close()
+    restarted = Member(cluster, topic, "box-1")
+    poll_until([restarted, dynamic], lambda: bool(restarted.assigned), within=5.0)
+    assert restarted.assigned == kept
+    settle = time.monotonic() + 1.0
+    poll_until([restarted, dynamic], lambda: time.monotonic() > settle)
+    assert dynamic.events == seen_by_dynamic, "the dynamic member was rebalanced"
+    restarted.consumer.close()
+    dynamic.consumer.close()
+
+
+# -- transactions -------------------------------------------------------------------------------
+
+
+def _transactional_librdkafka(bootstrap: str) -> str:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": "tx-ck",
+            "transaction.timeout.ms": 60_000,
+        }
+    )
+    try:
+        producer.init_transactions(30)
+    except Exception as exc:
+        return str(exc)
+    return "started"
+
+
+def _transactional_aiokafka(bootstrap: str) -> str:
+    from aiokafka import AIOKafkaProducer
+
+    async def run() -> str:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="tx-ak")
+        try:
+            await producer.start()
+        except Exception as exc:
+            return type(exc).__name__
+        finally:
+            await producer.stop()
+        return "started"
+
+    return asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def _transactional_kafka_python(bootstrap: str) -> str:
+    from kafka import KafkaProducer
+
+    try:
+        producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id="tx-kp")
+        try:
+            producer.init_transactions()
+        finally:
+            producer.close(5)
+    except Exception as exc:
+        return type(exc).__name__
+    return "started"
+
+
+TRANSACTIONAL: dict[str, Callable[[str], str]] = {
+    "librdkafka": _transactional_librdkafka,
+    "aiokafka": _transactional_aiokafka,
+    "kafka-python": _transactional_kafka_python,
+}
+
+
+@pytest.mark.parametrize("client", sorted(TRANSACTIONAL))
+def test_a_transactional_producer_fails_at_once_saying_why(
+    cluster: RunningBroker, client: str
+) -> None:
+    started = time.monotonic()
+    error = TRANSACTIONAL[client](cluster.bootstrap)
+    assert time.monotonic() - started < 5  # not after a transaction or request timeout
+    assert "authorization" in error.lower() or "Authorization" in error, error
