@@ -579,7 +579,7 @@ def _fetch_reply(tp: TopicPartition, response: FetchResponse) -> Reply:
             {
                 "offset": offset + i,
                 "key": None if r.key is None else r.key.decode(errors="replace"),
-                "value": r.value.decode(errors="replace"),
+                "value": None if r.value is None else r.value.decode(errors="replace"),
             }
             for i, r in enumerate(result.records)
         ],
