@@ -30,7 +30,10 @@ DELEGATED = {
     "http": ("bench.http", "HTTP and request-handler benchmarks (naive-handler vs purgatory)"),
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
     "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
-    "kafka": ("bench.kafka", "librdkafka clients against purgatory-broker (acks=1/all, idempotent)"),
+    "kafka": (
+        "bench.kafka",
+        "librdkafka clients against purgatory-broker (acks=1/all, idempotent)",
+    ),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
     "proto-timer": ("bench.proto_timer", "W3 on a C prototype of the timer core (issue 12)"),
     "proto-gc": ("bench.proto_gc", "W1-user with pending operations out of the GC (issue 12)"),
