@@ -3,7 +3,9 @@
 A three-broker cluster (3 partitions, replication factor 3, ``min.insync.replicas=2``)
 runs in a subprocess on the loop under test. For acks=1, acks=all and acks=all with an
 idempotent producer (``enable.idempotence``: the brokers check every batch's sequence
-numbers; librdkafka, like every client, allows idempotence with acks=all only), two
+numbers; librdkafka, like every client, allows idempotence with acks=all only, and its
+idempotent producer has one produce request per partition in flight at a time, so
+flat out it sends fewer, larger requests, each waiting for replication), two
 consumers long-poll the topic (``fetch.wait.max.ms``) while one producer sends
 ``--records`` records of ``--size`` bytes as fast as librdkafka batches them. Reported:
 records/s produced (first send to last delivery report), produce latency p50/p99 (from
