@@ -342,6 +342,30 @@ def test_a_restarted_static_member_keeps_its_partitions_without_a_rebalance(
     dynamic.consumer.close()
 
 
+def test_a_second_live_member_with_the_same_instance_id_fences_the_first(
+    cluster: RunningBroker,
+) -> None:
+    topic = "fenced-topic"
+    create_topic(cluster, topic, partitions=2)
+    first = Member(cluster, topic, "box-2")
+    poll_until([first], lambda: bool(first.assigned))
+    second = Member(cluster, topic, "box-2")
+    poll_until([second], lambda: bool(second.assigned), within=5.0)
+    assert second.assigned == [0, 1]
+    # The first one learns at its next heartbeat that it was replaced: a fatal error.
+    deadline = time.monotonic() + 10
+    error = None
+    while error is None:
+        assert time.monotonic() < deadline, "the first member was never fenced"
+        msg = first.consumer.poll(0.1)
+        if msg is not None and msg.error() is not None:
+            error = msg.error()
+    assert error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID), error
+    assert "fenced by other consumer with same group.instance.id" in error.str(), error
+    second.consumer.close()
+    first.consumer.close()
+
+
 # -- transactions -------------------------------------------------------------------------------
 
 
