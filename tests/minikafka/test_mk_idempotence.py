@@ -178,3 +178,14 @@ def test_null_values_and_headers_are_not_empty_bytes() -> None:
     tombstone = Record(None, b"k", headers=(("h", None),))
     assert tombstone.size == Record(b"", b"k").size
     assert tombstone.value is None and tombstone.headers[0][1] is None
+
+
+async def test_an_idempotent_batch_without_sequences_is_an_invalid_record(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = await make_cluster(replicate=False)
+    unnumbered = [Record(b"x")]
+    assert (await send(cluster, unnumbered)).error is ErrorCode.INVALID_RECORD
+    negative = ProducerIdentity(7, -1)
+    assert (await send(cluster, batch(0), negative)).error is ErrorCode.INVALID_RECORD
+    assert cluster.partition(TP0).log_end_offset == 0

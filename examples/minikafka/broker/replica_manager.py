@@ -230,6 +230,10 @@ class ReplicaManager:
                 continue
             if producer is not None and records:
                 first = records[0].sequence
+                if first < 0 or producer.epoch < 0 or producer.producer_id < 0:
+                    # An idempotent batch numbers its records from a sequence of 0 or more.
+                    results[tp] = PartitionProduceResult(ErrorCode.INVALID_RECORD)
+                    continue
                 check = partition.check_sequence(
                     producer.producer_id, producer.epoch, first, len(records)
                 )
