@@ -59,7 +59,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         offload_callbacks: run synchronous callbacks in a worker thread
             (anyio, bounded by the purgatory's limiter) instead of on the loop.
 
-    Example:
+    Examples:
         >>> class WaitForOffset(DelayedOperation[int]):
         ...     def __init__(self, log, offset, timeout):
         ...         super().__init__(timeout)

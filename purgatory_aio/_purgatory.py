@@ -36,7 +36,7 @@ R = TypeVar("R")
 class Purgatory:
     """Holds delayed operations until their condition holds or their deadline passes.
 
-    Example:
+    Examples:
         >>> async def handle_fetch(p: Purgatory, partition, offset):
         ...     op = DelayedFetch(partition, offset, timeout=0.5)
         ...     return await p.watch_and_wait(op, [partition])
@@ -257,6 +257,7 @@ class Purgatory:
         return self._clock
 
     def time(self) -> float:
+        """The current time of this purgatory's clock (deadlines are on it)."""
         return self._clock.time()
 
     def stats(self) -> PurgatoryStats:

@@ -117,6 +117,7 @@ class TimerHandle(TimerEntry):
         return True
 
     def cancelled(self) -> bool:
+        """True once the timer was cancelled before its callback ran."""
         return self._state == _CANCELLED
 
     def pending(self) -> bool:
@@ -159,7 +160,7 @@ class TimerHandle(TimerEntry):
 class Timer:
     """Masses of timeouts at O(1) per add and cancel, on one asyncio reaper.
 
-    Example:
+    Examples:
         >>> async def main():
         ...     timer = Timer()
         ...     handle = timer.call_later(0.05, print, "late")
