@@ -119,7 +119,7 @@ lint: install
 # or anchor, a page missing from the nav, a reference mkdocstrings cannot resolve.
 # mkdocstrings reads the checkout's source statically, so either build documents it.
 docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # --- running -----------------------------------------------------------------------
 bench: $(RUN_VENV)/.installed
