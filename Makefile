@@ -110,8 +110,8 @@ test-pure: $(VENV_PURE)/.installed
 	$(call pytest_on,$(VENV_PURE),pure)
 
 lint: install
-	$(VENV)/bin/ruff check purgatory_aio tests examples bench hatch_build.py
-	$(VENV)/bin/ruff format --check purgatory_aio tests examples bench hatch_build.py
+	$(VENV)/bin/ruff check purgatory_aio tests examples bench hatch_build.py mkdocs_hooks.py
+	$(VENV)/bin/ruff format --check purgatory_aio tests examples bench hatch_build.py mkdocs_hooks.py
 	$(VENV)/bin/mypy
 
 # --- documentation -----------------------------------------------------------------
