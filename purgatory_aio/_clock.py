@@ -41,7 +41,9 @@ class Clock(Protocol):
     """
 
     @property
-    def epoch_offset(self) -> float: ...
+    def epoch_offset(self) -> float:
+        """Add it to ``time()`` to get Unix time (for event records)."""
+        ...
 
     def time(self) -> float:
         """The current time, in seconds (only differences between readings mean anything)."""
@@ -78,6 +80,7 @@ class LoopClock:
 
     @property
     def epoch_offset(self) -> float:
+        """Unix time minus monotonic time, measured when the clock was made."""
         return self._epoch_offset
 
     time = staticmethod(time.monotonic)

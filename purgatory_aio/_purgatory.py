@@ -123,6 +123,7 @@ class Purgatory:
 
     @property
     def closed(self) -> bool:
+        """True once shutdown has begun: new operations are refused with ``PurgatoryClosed``."""
         return self._life.closed
 
     async def shutdown(self, *, expire_pending: bool = True) -> None:
@@ -254,6 +255,7 @@ class Purgatory:
 
     @property
     def clock(self) -> Clock:
+        """The time source of this purgatory and its timer."""
         return self._clock
 
     def time(self) -> float:

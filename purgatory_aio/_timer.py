@@ -270,10 +270,12 @@ class Timer:
 
     @property
     def tick(self) -> float:
+        """The width of a bucket of the finest wheel, in seconds: the timer's resolution."""
         return self._tick
 
     @property
     def clock(self) -> Clock:
+        """The time source deadlines are read from."""
         return self._clock
 
     @property

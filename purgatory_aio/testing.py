@@ -95,6 +95,7 @@ class ManualClock:
 
     @property
     def epoch_offset(self) -> float:
+        """The Unix time that reading 0.0 stands for (the ``epoch`` argument)."""
         return self._epoch
 
     def time(self) -> float:

@@ -54,7 +54,8 @@ def _target(obj: griffe.Object | griffe.Alias) -> griffe.Object:
 
 
 def _documented_in_class_or_base(cls: griffe.Class, name: str) -> bool:
-    """A method documented where it is first declared counts for its overrides."""
+    """A method or property documented where it is first declared counts for its
+    overrides."""
     for owner in (cls, *cls.mro()):
         member = owner.members.get(name)
         if member is not None and _target(member).docstring:
@@ -106,7 +107,7 @@ def test_every_exported_name_has_a_docstring(path: str) -> None:
                 f"{name}.{member}"
                 for member, value in target.members.items()
                 if not member.startswith("_")
-                and _target(value).is_function
+                and (_target(value).is_function or "property" in _target(value).labels)
                 and not _documented_in_class_or_base(target, member)
             ]
     assert not missing, f"{path}: public names without a docstring: {', '.join(missing)}"

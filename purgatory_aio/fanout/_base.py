@@ -161,6 +161,7 @@ class Fanout(ABC):
 
     @property
     def purgatories(self) -> tuple[Purgatory, ...]:
+        """The purgatories this fan-out applies events to."""
         return tuple(self._purgatories)
 
     # -- publishing ------------------------------------------------------------------------------

@@ -149,6 +149,7 @@ class Purgatories:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The purgatories' names, in the order they were added."""
         return tuple(self._by_name)
 
     def stats(self) -> list[PurgatoryStats]:
