@@ -93,6 +93,7 @@ class FanoutStats:
     reads_pending: int = 0  # gauge: watched keys whose stored value is still to be read
 
     def as_dict(self) -> dict[str, int | bool]:
+        """Every field by name, ready for ``json.dumps``."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -364,6 +365,7 @@ class Fanout(BackendHost):
 
     @property
     def purgatories(self) -> tuple[Purgatory, ...]:
+        """The purgatories this fan-out applies events to."""
         return tuple(self._purgatories)
 
     @property
@@ -518,6 +520,7 @@ class Fanout(BackendHost):
         return list(keys)
 
     def stats(self) -> FanoutStats:
+        """A snapshot of the counters and gauges; ``stats().as_dict()`` is JSON-ready."""
         stats = FanoutStats(**self._stats.as_dict())  # type: ignore[arg-type]
         stats.watched_keys = len(self.watched_keys())
         stats.queued = len(self._queue) + len(self._inflight)
