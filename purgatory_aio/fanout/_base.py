@@ -52,9 +52,9 @@ CANCEL: Final = "x"
 #: Keys read from the engine per round trip.
 READ_CHUNK: Final = 1000
 
-#: How long :meth:`Fanout.stop` waits for its tasks and for the engine's connections to
-#: close, each, before abandoning them: a frozen engine never holds a shutdown.
 ABANDON_AFTER: Final = 0.25
+"""Seconds :meth:`Fanout.stop` waits for its tasks, and again for the engine's connections
+to close, before abandoning them: a frozen engine never holds a shutdown."""
 
 
 class FanoutUnavailable(ConnectionError):
@@ -183,6 +183,7 @@ class Event:
         self.waiter = waiter
 
     def settle(self, error: BaseException | None) -> None:
+        """Tell the caller waiting for this event (if any) that it was stored, or why not."""
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             if error is None:
@@ -342,6 +343,7 @@ class Fanout(BackendHost):
         self._resync_task: asyncio.Task[None] | None = None
         self._resync_again = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False  # stop() began: nothing more is queued
         self._closing = False  # stop() gave up flushing: the tasks end, what is left is lost
@@ -552,7 +554,7 @@ class Fanout(BackendHost):
             ) from None
         self._started = True
         self._stats.connected = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._publisher(), name="purgatory_aio.fanout.publisher")]
         if self._subscribe:
             self._tasks.append(
@@ -580,11 +582,11 @@ class Fanout(BackendHost):
         """
         if self._stopped:
             return
+        bound = check_seconds(flush_timeout, "flush_timeout") if flush_timeout != 0 else 0.0
         self._stopped = True
         if not self._started:
             self._fail_undelivered()
             return
-        bound = check_seconds(flush_timeout, "flush_timeout") if flush_timeout else 0.0
         if bound and self._stats.connected and not self._drained.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(bound):
@@ -819,8 +821,11 @@ class Fanout(BackendHost):
         self._start_reader()
 
     def _start_reader(self) -> None:
-        if self._to_read and (self._reader is None or self._reader.done()) and not self._stopped:
-            self._reader = asyncio.get_running_loop().create_task(self._read_stored())
+        loop = self._loop
+        if loop is None or self._stopped or not self._to_read:
+            return
+        if self._reader is None or self._reader.done():
+            self._reader = loop.create_task(self._read_stored())
 
     async def _read_stored(self) -> None:
         """Read the stored values of newly watched keys, in coalesced round trips, and apply
@@ -887,12 +892,14 @@ class Fanout(BackendHost):
         self._stats.resyncs += 1
         keys = self.watched_keys()
         completed = await self.refresh(keys)
-        for key in keys:
+        for i, key in enumerate(keys, 1):
             try:
                 completed += self._apply_check(key)
             except Exception as exc:
                 self._stats.apply_errors += 1
                 _log.error("fanout_apply_failed", key=key, error=repr(exc))
+            if i % READ_CHUNK == 0:
+                await asyncio.sleep(0)  # 100k watched keys must not stall the loop at once
         if completed:
             _log.info("fanout_resync_completed", keys=len(keys), completed=completed)
         return completed
@@ -903,7 +910,8 @@ class Fanout(BackendHost):
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_again = True
             return
-        self._resync_task = asyncio.get_running_loop().create_task(self._resync_loop())
+        if self._loop is not None:
+            self._resync_task = self._loop.create_task(self._resync_loop())
 
     async def _resync_loop(self) -> None:
         while True:
