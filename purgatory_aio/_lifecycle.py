@@ -213,7 +213,7 @@ class Lifecycle:
         self._store.unwatch(op, keys)
         op._owner = DETACHED
         op._keys = ()
-        if not isinstance(exc, TypeError | StopIteration):
+        if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
             raise exc
         error: TypeError | None = None
         for key in keys:
@@ -513,9 +513,9 @@ class Lifecycle:
             purgatory=self.name,
             op_type=type(op).op_type or type(op).__name__,
             op_id=next(self._ids),
-            # The keys it was watched under: none if it completed at its first try (its
-            # _store still NOT_WATCHED), though it was handed to the purgatory with some.
-            keys=[str(key) for key in op._keys] if op._store else [],
+            # The keys it was handed to the purgatory with, also when its first try
+            # satisfied it before it was ever watched: it was asked for under them.
+            keys=[str(key) for key in op._keys],
             created_at=deadline - op._timeout + epoch,
             deadline=deadline + epoch,
             settled_at=clock.time() + epoch,
@@ -754,9 +754,10 @@ def _check_watch(op: DelayedOperation[Any], keys: Iterable[Hashable]) -> tuple[H
                 return keys
             return tuple(dict.fromkeys(keys))
         distinct = len(set(keys))
-    except (TypeError, StopIteration) as exc:
-        # A StopIteration must not escape: raised through a coroutine (the callers'),
-        # it would end it as if it had returned.
+    except Exception as exc:
+        # Whatever a key's __hash__ or __eq__ raises becomes a TypeError naming the key. A
+        # StopIteration in particular must not escape: raised through a coroutine (the
+        # callers'), it would end it as if it had returned.
         raise _bad_watch_key(keys, exc) from exc
     if distinct != count:
         keys = tuple(dict.fromkeys(keys))
@@ -787,11 +788,11 @@ def _bad_watch_key(keys: tuple[Hashable, ...], exc: BaseException) -> TypeError:
 
 def _looked_up(store: WatchStore, key: Hashable, indexed: bool) -> bool:
     """Whether ``store`` holds ``key`` (in a threshold index, if ``indexed``), with a key
-    that cannot be hashed or compared refused by name (a StopIteration from its
-    ``__hash__`` or ``__eq__`` must not end a calling coroutine)."""
+    that cannot be hashed or compared refused by name, whatever its ``__hash__`` or
+    ``__eq__`` raised (a StopIteration from them must not end a calling coroutine)."""
     try:
         return key in store.indexes if indexed else store.holds(key)
-    except (TypeError, StopIteration) as exc:
+    except Exception as exc:
         raise _bad_key(key, exc) from exc
 
 

@@ -224,7 +224,7 @@ class Purgatory:
             hash(key)
         except TypeError:
             raise TypeError(f"key {key!r} is not hashable") from None
-        except StopIteration as exc:  # it would end a calling coroutine as a return
+        except Exception as exc:  # a StopIteration would end a calling coroutine
             raise TypeError(f"key {key!r} cannot be hashed: its __hash__ raised {exc!r}") from exc
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         loop.call_soon_threadsafe(self._check_into, key, future)
