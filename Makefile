@@ -101,10 +101,11 @@ endef
 
 test: test-compiled test-pure
 
-test-compiled: $(VENV)/.installed
+# Each run also needs the other build's wheel: the differential test runs both.
+test-compiled: $(VENV)/.installed $(DIST)/pure/.built
 	$(call pytest_on,$(VENV),compiled)
 
-test-pure: $(VENV_PURE)/.installed
+test-pure: $(VENV_PURE)/.installed $(DIST)/compiled/.built
 	$(call pytest_on,$(VENV_PURE),pure)
 
 lint: install

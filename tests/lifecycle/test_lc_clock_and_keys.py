@@ -288,3 +288,14 @@ async def test_event_of_an_operation_satisfied_at_its_first_try_has_its_keys(
         (event,) = sink.events
         assert (event.outcome, event.keys) == ("completed", keys)
         assert (p.num_delayed, p.watched) == (0, 0)
+
+
+async def test_stats_answer_with_a_watched_key_that_raises_when_compared(
+    clock: ManualClock,
+) -> None:
+    async with Purgatory("keys", clock=clock) as p:
+        # Accepted: nothing watched shares its hash yet, so nothing compares it.
+        await p.try_complete_else_watch(MockOperation(5), [EqRaises(ValueError)])
+        await p.watch_threshold(MockOperation(5), 7, 1.0)  # 7: its hash
+        stats = p.stats()
+        assert (stats.watched_keys, stats.pending) == (2, 1 + 1)
