@@ -22,8 +22,10 @@ import pyarrow.parquet as pq
 import pytest
 from test_eventlog_writers import WRITERS, make_events, read_back, visible
 
+from purgatory_aio import DelayedOperation, Purgatory
 from purgatory_aio.analytics.cli import main
 from purgatory_aio.eventlog import JsonLinesWriter, ParquetWriter, QueuedEventWriter
+from purgatory_aio.testing import ManualClock
 
 #: The simulated disk: no file may grow past this.
 FILE_LIMIT = 50_000
@@ -307,3 +309,38 @@ def test_the_report_says_a_full_disk_log_is_incomplete_and_by_how_much(
     report = (out / "report.md").read_text()
     assert "**Input incomplete**" in report
     assert f"{dropped:,} dropped record(s)" in report
+
+
+class Ready(DelayedOperation[str]):
+    """Completes at its first try when ``ready``; otherwise waits for its deadline."""
+
+    def __init__(self, timeout: float, ready: bool) -> None:
+        super().__init__(timeout)
+        self.ready = ready
+
+    def try_complete(self) -> bool:
+        return self.ready and self.force_complete()
+
+    def on_complete(self) -> str:
+        return "expired" if self.expired else "done"
+
+
+@pytest.mark.parametrize("cls", WRITERS)
+async def test_operations_settle_whatever_the_sink_meets_on_disk(
+    cls: type[QueuedEventWriter[Any]], tmp_path: Path
+) -> None:
+    # Every file the writer tries fails: its partition directory cannot be created.
+    (tmp_path / "date=2026-01-01").write_text("not a directory")
+    clock = ManualClock()  # virtual time 0 is 2026-01-01T00:00Z
+    with cls(tmp_path, batch_size=16, flush_seconds=0.01) as sink:
+        async with Purgatory("disk", clock=clock, event_sink=sink) as p:
+            ops = [Ready(0.5, ready=n % 3 == 0) for n in range(90)]
+            for n, op in enumerate(ops):
+                await p.try_complete_else_watch(op, [f"k{n % 4}"])
+            await clock.advance(0.5)
+            results = [await op for op in ops]
+        assert results.count("done") == 30 and results.count("expired") == 60
+        assert p.stats().events_failed == 0  # the sink took every record; the disk failed
+    assert (sink.written, sink.dropped, sink.files) == (0, 90, [])
+    marker = json.loads((tmp_path / f"_dropped-{sink.producer}.json").read_text())
+    assert (marker["dropped"], marker["failed"]) == (90, 90)
