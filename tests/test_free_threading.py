@@ -106,4 +106,4 @@ def test_the_decision_table() -> None:
 
 def test_this_interpreter_gets_the_lock_it_needs() -> None:
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-    assert LOCKED == needs_lock(not purgatory_aio.compiled, gil)
+    assert needs_lock(not purgatory_aio.compiled, gil) == LOCKED

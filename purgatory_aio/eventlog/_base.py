@@ -138,6 +138,7 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         self._after_close_marked_at = -math.inf
         self._marker_lock = threading.Lock()
         self._drops_marked = 0
+        self._marked_at = -math.inf  # when the worker last wrote (or tried) the marker
 
         # Worker-thread state.
         self._batch: list[OperationEvent] = []
@@ -514,7 +515,13 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         _sync_directory(self.directory)
 
     def _report_drops(self, now: float) -> None:
-        self._mark_drops()
+        # The first drop is marked at once, later ones at most every flush_seconds (a
+        # worker that cannot keep up should not also sync a marker per batch) and at close.
+        if self.dropped != self._drops_marked and (
+            now - self._marked_at >= self.flush_seconds or self._closing
+        ):
+            self._marked_at = now
+            self._mark_drops()
         dropped = self._queue_full
         if dropped > self._drops_reported and (
             now - self._drops_reported_at >= DROP_WARNING_INTERVAL or self._closing
