@@ -142,6 +142,7 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
 
         # Worker-thread state.
         self._batch: list[OperationEvent] = []
+        self._unaccounted = 0  # records of the batch being written not yet counted
         self._batch_started = 0.0
         self._written = 0  # records in completed files
         self._in_file = 0  # records in the open file
@@ -316,8 +317,9 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
             except Exception:
                 # A bug or a hostile record this code did not foresee: what the step held
                 # is lost, and counted, and the worker goes on with the next records.
-                self._lose_file(len(self._batch), "eventlog.worker_error")
+                self._lose_file(len(self._batch) + self._unaccounted, "eventlog.worker_error")
                 self._batch = []
+                self._unaccounted = 0
             if closing and not pending:
                 self._report_drops(time.monotonic())
                 return
@@ -348,9 +350,12 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
         return max(0.0, deadline - now)
 
     def _write_batch(self) -> None:
-        batch = self._batch
+        batch, self._batch = self._batch, []
+        # Each run of the batch is then counted as written (in the file) or dropped;
+        # what is left here if something unforeseen raises is counted as dropped.
+        self._unaccounted = len(batch)
         self._write(batch)
-        self._batch = []
+        self._unaccounted = 0
 
     def _write(self, batch: list[OperationEvent]) -> None:
         producer = self.producer
@@ -381,6 +386,7 @@ class QueuedEventWriter(ABC, Generic[_Payload]):
     def _write_run(self, batch: list[OperationEvent], partition: str | None = None) -> None:
         if self._tmp_path is not None and partition != self._partition:
             self._finish_file()
+        self._unaccounted -= len(batch)  # from here on counted, whatever happens
         payload = self._encode_or_skip(batch)
         if payload is None:
             return

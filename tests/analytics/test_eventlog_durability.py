@@ -344,3 +344,30 @@ async def test_operations_settle_whatever_the_sink_meets_on_disk(
     assert (sink.written, sink.dropped, sink.files) == (0, 90, [])
     marker = json.loads((tmp_path / f"_dropped-{sink.producer}.json").read_text())
     assert (marker["dropped"], marker["failed"]) == (90, 90)
+
+
+@pytest.mark.parametrize("cls", WRITERS)
+def test_an_unforeseen_error_in_the_worker_loses_only_what_it_held_and_counts_it(
+    cls: type[QueuedEventWriter[Any]], tmp_path: Path
+) -> None:
+    class BreaksOnce(cls):  # type: ignore[valid-type, misc]
+        broken = False
+
+        def _finish_file(self) -> None:
+            if not self.broken:
+                self.broken = True
+                raise RuntimeError("a bug in the writer")
+            super()._finish_file()
+
+    events = make_events(50)
+    # Two settlement hours: the change of hour finishes the first file mid-batch.
+    late = [e._replace(op_id=e.op_id + 100, settled_at=e.settled_at + 3600) for e in events]
+    with BreaksOnce(tmp_path, batch_size=100) as writer:
+        for event in [*events, *late]:
+            writer.emit(event)
+    rows = read_back(writer.files)
+    assert len(rows) == writer.written
+    assert writer.written + writer.dropped == len(events) + len(late)
+    assert writer.dropped > 0 and not [p for p in tmp_path.rglob("*.tmp")]
+    marker = json.loads((tmp_path / f"_dropped-{writer.producer}.json").read_text())
+    assert marker["dropped"] == writer.dropped
