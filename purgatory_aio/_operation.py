@@ -296,9 +296,10 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # -- awaiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, R]:
-        if not _state_of(self) & SETTLED:
-            if self._owner is DETACHED:
-                # Nothing would ever complete or expire it: waiting would be for ever.
+        state = _state_of(self)
+        if not state & SETTLED:
+            if not state & ENDED and self._owner is DETACHED:
+                # Pending and in no purgatory: nothing would ever complete or expire it.
                 raise _never_handed_over(self)
             # One future per awaiting task: a task that is cancelled cancels only its own,
             # and the common single awaiter costs one future, no shield around a shared one.

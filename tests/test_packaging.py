@@ -75,7 +75,9 @@ def test_the_examples_wheel_holds_minikafka_and_its_script() -> None:
 LICENSE_TEXT = (CHECKOUT / "LICENSE").read_text()
 
 
-@pytest.mark.parametrize("variable", ["PURGATORY_AIO_WHEEL_DIR", "PURGATORY_AIO_EXAMPLES_WHEEL_DIR"])
+@pytest.mark.parametrize(
+    "variable", ["PURGATORY_AIO_WHEEL_DIR", "PURGATORY_AIO_EXAMPLES_WHEEL_DIR"]
+)
 def test_each_wheel_carries_the_apache_license_its_metadata_declares(variable: str) -> None:
     assert "Apache License" in LICENSE_TEXT and "Version 2.0, January 2004" in LICENSE_TEXT
     with _wheel(variable) as wheel:

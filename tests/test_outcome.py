@@ -1,0 +1,243 @@
+"""``op.outcome``: how an operation settled, in the words of the event log and ``stats()``.
+
+Each way an operation can settle, with ``outcome``, ``expired``, the event record and the
+purgatory's counters checked to agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from support import FailingOperation, MockOperation
+
+from purgatory_aio import DelayedOperation, OperationEvent, Purgatory
+from purgatory_aio.events import OUTCOMES
+from purgatory_aio.testing import ManualClock
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[OperationEvent] = []
+
+    def emit(self, event: OperationEvent) -> None:
+        self.events.append(event)
+
+
+class RaisingTry(MockOperation):
+    def try_complete(self) -> bool:
+        raise ValueError("the condition cannot be checked")
+
+
+class ThresholdOp(MockOperation):
+    def try_complete(self) -> bool:
+        return self.force_complete() if self.completable else False
+
+
+Settle = Callable[[Purgatory, ManualClock], Awaitable[MockOperation]]
+
+
+async def satisfied_by_key(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    op.completable = True
+    p.check_and_complete("k")
+    return op
+
+
+async def satisfied_at_once(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0, completable=True)
+    await p.try_complete_else_watch(op, ["k"])
+    return op
+
+
+async def satisfied_by_threshold(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = ThresholdOp(1.0)
+    await p.watch_threshold(op, "k", 5)
+    op.completable = True
+    p.advance_key("k", 5)
+    return op
+
+
+async def forced(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    op.force_complete()
+    return op
+
+
+async def failed_try(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = RaisingTry(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    return op
+
+
+async def failed_on_complete(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = FailingOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    op.force_complete()
+    return op
+
+
+async def deadline(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    await clock.advance(1.0)
+    return op
+
+
+async def deadline_then_failed(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = FailingOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    await clock.advance(1.0)
+    return op
+
+
+async def cancelled(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    op.cancel()
+    return op
+
+
+async def cancelled_by_key(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    p.cancel_for_key("k")
+    return op
+
+
+async def cancelled_awaiter(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    task = asyncio.ensure_future(p.watch_and_wait(op, ["k"]))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return op
+
+
+async def shut_down(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    await p.shutdown()
+    return op
+
+
+async def shut_down_cancelling(p: Purgatory, clock: ManualClock) -> MockOperation:
+    op = MockOperation(1.0)
+    await p.try_complete_else_watch(op, ["k"])
+    await p.shutdown(expire_pending=False)
+    return op
+
+
+#: way of settling -> (outcome, expired, failed, the stats() counter it adds to)
+WAYS: dict[str, tuple[Settle, str, bool, bool, str]] = {
+    "satisfied by check_and_complete": (satisfied_by_key, "completed", False, False, "completed"),
+    "satisfied at its first try": (satisfied_at_once, "completed", False, False, "completed"),
+    "satisfied by advance_key": (satisfied_by_threshold, "completed", False, False, "completed"),
+    "force_complete": (forced, "completed", False, False, "completed"),
+    "try_complete raised": (failed_try, "completed", False, True, "completed"),
+    "on_complete raised": (failed_on_complete, "completed", False, True, "completed"),
+    "deadline": (deadline, "expired", True, False, "expired"),
+    "deadline, on_complete raised": (deadline_then_failed, "expired", True, True, "expired"),
+    "cancel": (cancelled, "cancelled", False, False, "cancelled"),
+    "cancel_for_key": (cancelled_by_key, "cancelled", False, False, "cancelled"),
+    "awaiter cancelled": (cancelled_awaiter, "cancelled", False, False, "cancelled"),
+    "shutdown": (shut_down, "shutdown", True, False, "shutdown"),
+    "shutdown(expire_pending=False)": (
+        shut_down_cancelling,
+        "cancelled",
+        False,
+        False,
+        "cancelled",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("settle", "outcome", "expired", "failed", "counter"), WAYS.values(), ids=WAYS.keys()
+)
+async def test_each_way_of_settling_has_its_outcome(
+    clock: ManualClock,
+    settle: Settle,
+    outcome: str,
+    expired: bool,
+    failed: bool,
+    counter: str,
+) -> None:
+    sink = Sink()
+    p = Purgatory("p", clock=clock, event_sink=sink)
+    async with p:
+        op = await settle(p, clock)
+        await clock.advance(0)
+        assert op.done()
+        stats = p.stats()
+    assert op.outcome == outcome
+    assert outcome in OUTCOMES
+    assert op.expired is expired  # its documented meaning: the deadline, or shutdown
+    assert op.cancelled is (outcome == "cancelled")
+    assert op.is_completed is (outcome != "cancelled")
+    if not op.cancelled:
+        assert (op.exception() is not None) is failed
+    (event,) = sink.events
+    assert event.outcome == op.outcome
+    assert (event.error is not None) is failed
+    assert {name: stats[name] for name in OUTCOMES} == {
+        name: int(name == counter) for name in OUTCOMES
+    }
+
+
+async def test_a_pending_operation_has_no_outcome_yet(clock: ManualClock) -> None:
+    op = MockOperation(1.0)
+    assert op.outcome is None
+    async with Purgatory("p", clock=clock) as p:
+        await p.try_complete_else_watch(op, ["k"])
+        assert op.outcome is None
+        await clock.advance(0.5)
+        assert op.outcome is None
+    assert op.outcome == "shutdown"
+
+
+def test_operations_no_purgatory_holds_settle_with_an_outcome_too() -> None:
+    completed = MockOperation(1.0)
+    completed.force_complete()
+    cancelled = MockOperation(1.0)
+    cancelled.cancel()
+    assert (completed.outcome, cancelled.outcome) == ("completed", "cancelled")
+
+
+async def test_a_handler_tells_a_timeout_from_a_server_going_away(clock: ManualClock) -> None:
+    answers: list[str] = []
+
+    async def handler(p: Purgatory) -> None:
+        op = MockOperation(1.0)
+        await p.watch_and_wait(op, ["k"])
+        answers.append({"expired": "timed out", "shutdown": "server going away"}[op.outcome or ""])
+
+    async with Purgatory("p", clock=clock) as p:
+        timing_out = asyncio.ensure_future(handler(p))
+        await asyncio.sleep(0)
+        await clock.advance(1.0)
+        await timing_out
+        going_away = asyncio.ensure_future(handler(p))
+        await asyncio.sleep(0)
+    await going_away
+    assert answers == ["timed out", "server going away"]
+
+
+def test_the_outcome_of_an_uninitialised_operation_names_the_mistake() -> None:
+    class Forgot(DelayedOperation[Any]):
+        def __init__(self) -> None:
+            pass
+
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> None:
+            return None
+
+    with pytest.raises(TypeError, match=r"must call super\(\)\.__init__\(timeout\)"):
+        _ = Forgot().outcome
