@@ -16,6 +16,7 @@ import json
 import os
 import pkgutil
 import pydoc
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ import pytest
 import purgatory_aio
 
 CHECKOUT = Path(__file__).resolve().parent.parent
+#: Where an object's repr names its address, which differs between processes.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def public_modules() -> list[str]:
@@ -46,7 +49,7 @@ def _signature(obj: Any) -> list[Any] | str:
         kind = param.kind.name
         if index == 0 and param.name in ("self", "cls"):
             kind = "self"
-        default = None if param.default is param.empty else repr(param.default)
+        default = None if param.default is param.empty else _ADDRESS.sub("", repr(param.default))
         params.append([param.name, kind, default])
     return params
 
