@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +218,7 @@ def collect_docs(root: Path) -> dict[str, Any]:
         module = importlib.import_module(f"{_PACKAGE}.{name}")
         classes: dict[str, str | None] = {}
         coroutines: dict[str, Any] = {}
-        owners: list[tuple[str, str, dict[str, Any]]] = [(name, "", vars(module))]
+        owners: list[tuple[str, str, Mapping[str, Any]]] = [(name, "", vars(module))]
         for attr, obj in vars(module).items():
             if isinstance(obj, type) and obj.__module__ == module.__name__:
                 classes[attr] = obj.__doc__

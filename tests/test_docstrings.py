@@ -54,22 +54,37 @@ def _signature(obj: Any) -> list[Any] | str:
     return params
 
 
-def _documented(cls: type) -> dict[str, Any]:
-    """A class's own members that help() shows: public ones, and documented dunders."""
+def _documented(cls: type, names: list[str] | None = None) -> dict[str, Any]:
+    """A class's own members that help() shows: public ones, and documented dunders
+    (``names``: these members instead, as the reference found them)."""
     members = {}
-    for name, raw in vars(cls).items():
-        if name.startswith("_") and not (name.startswith("__") and raw.__doc__):
+    for name in list(vars(cls)) if names is None else names:
+        raw = inspect.getattr_static(cls, name, None)
+        # A compiled class's properties are getset descriptors.
+        attribute = isinstance(raw, property) or inspect.isgetsetdescriptor(raw)
+        if names is None and (
+            not (attribute or isinstance(raw, staticmethod | classmethod) or callable(raw))
+            or (name.startswith("_") and not (name.startswith("__") and _doc(cls, name)))
+        ):
             continue
-        if isinstance(raw, property):
+        if attribute:
             members[name] = {"doc": raw.__doc__}
         elif callable(raw) or isinstance(raw, staticmethod | classmethod):
             member = getattr(cls, name)
             members[name] = {"doc": member.__doc__, "signature": _signature(member)}
+        else:
+            members[name] = {"missing": repr(raw)}
     return members
 
 
-def describe() -> dict[str, Any]:
-    """Every public name's documentation, as the imported build shows it."""
+def _doc(cls: type, name: str) -> str | None:
+    doc: str | None = getattr(cls, name).__doc__
+    return doc
+
+
+def describe(reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every public name's documentation, as the imported build shows it (of the members
+    the ``reference`` describes, when given)."""
     described: dict[str, Any] = {}
     for module_name in public_modules():
         module = importlib.import_module(module_name)
@@ -80,7 +95,9 @@ def describe() -> dict[str, Any]:
                 described[key] = {
                     "doc": obj.__doc__,
                     "signature": _signature(obj),
-                    "members": _documented(obj),
+                    "members": _documented(
+                        obj, None if reference is None else list(reference[key]["members"])
+                    ),
                 }
             elif callable(obj):
                 described[key] = {"doc": obj.__doc__, "signature": _signature(obj)}
@@ -114,7 +131,7 @@ def reference() -> dict[str, Any]:
 
 
 def test_every_public_name_is_documented_as_in_the_pure_source(reference: dict[str, Any]) -> None:
-    installed = json.loads(json.dumps(describe()))  # tuples and lists alike
+    installed = json.loads(json.dumps(describe(reference)))  # tuples and lists alike
     assert installed.keys() == reference.keys()
     for key, expected in reference.items():
         assert installed[key] == expected, key
