@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Generator, Hashable, Iterable
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._clock import DEFAULT_CLOCK, Clock
-from ._errors import PurgatoryClosed, not_copyable
+from ._errors import OutsideLoop, PurgatoryClosed, not_copyable
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
 from ._native import refuse_subclass
@@ -169,7 +169,10 @@ class Purgatory:
     # The three ways to hand an operation over admit it at the call, not when the result
     # is awaited: a forgotten ``await`` (which the compiled build's coroutines would not
     # even warn about) then loses only the answer, never the operation, which is timed
-    # and settles as any other. Every refusal is raised by the call itself.
+    # and settles as any other. Every refusal is raised by the call itself. Called with
+    # no event loop running, to be run by ``asyncio.run`` or ``run_until_complete``, they
+    # return a coroutine that admits the operation once it runs in the loop, as before
+    # (an operation never admitted is refused by ``await op``, so nothing hangs).
 
     def try_complete_else_watch(
         self, op: DelayedOperation[Any], keys: Iterable[Hashable]
@@ -181,7 +184,16 @@ class Purgatory:
         done by the call itself (errors included); the awaitable only reports the
         answer, so an operation whose call was not awaited is still watched and timed.
         """
-        return _COMPLETED if self._life.watch(op, keys, None) else _WATCHED
+        try:
+            completed = self._life.watch(op, keys, None)
+        except OutsideLoop:
+            return self._watch_in_loop(op, keys, None)
+        return _COMPLETED if completed else _WATCHED
+
+    async def _watch_in_loop(
+        self, op: DelayedOperation[Any], keys: Iterable[Hashable], threshold: float | None
+    ) -> bool:
+        return self._life.watch(op, keys, threshold)
 
     def watch_and_wait(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> Awaitable[R]:
         """Watch ``op`` and return its result, for request handlers.
@@ -190,8 +202,15 @@ class Purgatory:
         returns its result. If the awaiting task is cancelled (the client went away),
         ``op`` is cancelled too, so nothing stays pending for a caller who is gone.
         """
-        self._life.watch(op, keys, None)
+        try:
+            self._life.watch(op, keys, None)
+        except OutsideLoop:
+            return self._watch_and_wait_in_loop(op, keys)
         return _await_or_cancel(op)
+
+    async def _watch_and_wait_in_loop(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> R:
+        self._life.watch(op, keys, None)
+        return await _await_or_cancel(op)
 
     def watch_threshold(
         self, op: DelayedOperation[Any], key: Hashable, threshold: SupportsFloat
@@ -204,8 +223,12 @@ class Purgatory:
         one that declines once its threshold is reached moves to the key's plain
         watch list, so general conditions keep working.
         """
-        watched = self._life.watch(op, (key,), check_finite(threshold, "threshold"))
-        return _COMPLETED if watched else _WATCHED
+        value = check_finite(threshold, "threshold")
+        try:
+            completed = self._life.watch(op, (key,), value)
+        except OutsideLoop:
+            return self._watch_in_loop(op, (key,), value)
+        return _COMPLETED if completed else _WATCHED
 
     def advance_key(self, key: Hashable, value: SupportsFloat) -> int:
         """The value watched under ``key`` reached ``value``: try exactly the operations

@@ -149,3 +149,26 @@ async def test_an_operation_settled_without_a_purgatory_can_be_awaited() -> None
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
+
+
+def test_called_with_no_loop_running_it_admits_once_run_in_the_loop() -> None:
+    # As asyncio.run(...) and loop.run_until_complete(...) use it: the call returns a
+    # coroutine, and the operation is admitted (or refused) when that runs in the loop.
+    clock = ManualClock()
+    p = Purgatory("p", clock=clock)
+    op, at_once, waited = MockOperation(1.0), MockOperation(1.0, completable=True), MockOperation(1)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(p.try_complete_else_watch(op, ["k"])) is False
+        assert loop.run_until_complete(p.watch_threshold(at_once, "t", 1)) is True
+        assert p.num_delayed == 1 and op.deadline == 1.0
+        waited.completable = True
+        assert loop.run_until_complete(p.watch_and_wait(waited, ["k"])) == "completed"
+        unrun = p.try_complete_else_watch(MockOperation(1.0), ["k"])
+        assert inspect.iscoroutine(unrun)
+        unrun.close()  # never run: nothing was admitted
+        assert p.num_delayed == 1
+        loop.run_until_complete(p.shutdown())
+    finally:
+        loop.close()
+    assert op.outcome == "shutdown" and at_once.outcome == waited.outcome == "completed"
