@@ -18,7 +18,7 @@ from purgatory_aio.events import OUTCOMES
 from purgatory_aio.testing import ManualClock
 
 
-class Sink:
+class Recorder:
     def __init__(self) -> None:
         self.events: list[OperationEvent] = []
 
@@ -36,118 +36,112 @@ class ThresholdOp(MockOperation):
         return self.force_complete() if self.completable else False
 
 
-Settle = Callable[[Purgatory, ManualClock], Awaitable[MockOperation]]
+#: What follows the admission of an operation: how it then settles.
+Then = Callable[[Purgatory, ManualClock, MockOperation], Awaitable[None]]
 
 
-async def satisfied_by_key(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def admit(p: Purgatory, op: MockOperation) -> None:
+    if isinstance(op, ThresholdOp):
+        await p.watch_threshold(op, "k", 5)
+    else:
+        await p.try_complete_else_watch(op, ["k"])
+
+
+async def nothing(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
+    return None
+
+
+async def satisfied_by_key(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     op.completable = True
     p.check_and_complete("k")
-    return op
 
 
-async def satisfied_at_once(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0, completable=True)
-    await p.try_complete_else_watch(op, ["k"])
-    return op
-
-
-async def satisfied_by_threshold(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = ThresholdOp(1.0)
-    await p.watch_threshold(op, "k", 5)
+async def satisfied_by_threshold(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     op.completable = True
     p.advance_key("k", 5)
-    return op
 
 
-async def forced(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def forced(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     op.force_complete()
-    return op
 
 
-async def failed_try(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = RaisingTry(1.0)
-    await p.try_complete_else_watch(op, ["k"])
-    return op
-
-
-async def failed_on_complete(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = FailingOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
-    op.force_complete()
-    return op
-
-
-async def deadline(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def deadline(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     await clock.advance(1.0)
-    return op
 
 
-async def deadline_then_failed(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = FailingOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
-    await clock.advance(1.0)
-    return op
-
-
-async def cancelled(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def cancelled(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     op.cancel()
-    return op
 
 
-async def cancelled_by_key(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def cancelled_by_key(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     p.cancel_for_key("k")
-    return op
 
 
-async def cancelled_awaiter(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    task = asyncio.ensure_future(p.watch_and_wait(op, ["k"]))
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    return op
-
-
-async def shut_down(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def shut_down(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     await p.shutdown()
-    return op
 
 
-async def shut_down_cancelling(p: Purgatory, clock: ManualClock) -> MockOperation:
-    op = MockOperation(1.0)
-    await p.try_complete_else_watch(op, ["k"])
+async def shut_down_cancelling(p: Purgatory, clock: ManualClock, op: MockOperation) -> None:
     await p.shutdown(expire_pending=False)
-    return op
 
 
-#: way of settling -> (outcome, expired, failed, the stats() counter it adds to)
-WAYS: dict[str, tuple[Settle, str, bool, bool, str]] = {
-    "satisfied by check_and_complete": (satisfied_by_key, "completed", False, False, "completed"),
-    "satisfied at its first try": (satisfied_at_once, "completed", False, False, "completed"),
-    "satisfied by advance_key": (satisfied_by_threshold, "completed", False, False, "completed"),
-    "force_complete": (forced, "completed", False, False, "completed"),
-    "try_complete raised": (failed_try, "completed", False, True, "completed"),
-    "on_complete raised": (failed_on_complete, "completed", False, True, "completed"),
-    "deadline": (deadline, "expired", True, False, "expired"),
-    "deadline, on_complete raised": (deadline_then_failed, "expired", True, True, "expired"),
-    "cancel": (cancelled, "cancelled", False, False, "cancelled"),
-    "cancel_for_key": (cancelled_by_key, "cancelled", False, False, "cancelled"),
-    "awaiter cancelled": (cancelled_awaiter, "cancelled", False, False, "cancelled"),
-    "shutdown": (shut_down, "shutdown", True, False, "shutdown"),
+#: way of settling -> (the operation, what follows its admission, its outcome, expired,
+#: failed, the stats() counter it adds to)
+WAYS: dict[str, tuple[type[MockOperation], bool, Then, str, bool, bool, str]] = {
+    "satisfied by check_and_complete": (
+        MockOperation,
+        False,
+        satisfied_by_key,
+        "completed",
+        False,
+        False,
+        "completed",
+    ),
+    "satisfied at its first try": (
+        MockOperation,
+        True,
+        nothing,
+        "completed",
+        False,
+        False,
+        "completed",
+    ),
+    "satisfied by advance_key": (
+        ThresholdOp,
+        False,
+        satisfied_by_threshold,
+        "completed",
+        False,
+        False,
+        "completed",
+    ),
+    "force_complete": (MockOperation, False, forced, "completed", False, False, "completed"),
+    "try_complete raised": (RaisingTry, False, nothing, "completed", False, True, "completed"),
+    "on_complete raised": (FailingOperation, False, forced, "completed", False, True, "completed"),
+    "deadline": (MockOperation, False, deadline, "expired", True, False, "expired"),
+    "deadline, on_complete raised": (
+        FailingOperation,
+        False,
+        deadline,
+        "expired",
+        True,
+        True,
+        "expired",
+    ),
+    "cancel": (MockOperation, False, cancelled, "cancelled", False, False, "cancelled"),
+    "cancel_for_key": (
+        MockOperation,
+        False,
+        cancelled_by_key,
+        "cancelled",
+        False,
+        False,
+        "cancelled",
+    ),
+    "shutdown": (MockOperation, False, shut_down, "shutdown", True, False, "shutdown"),
     "shutdown(expire_pending=False)": (
+        MockOperation,
+        False,
         shut_down_cancelling,
         "cancelled",
         False,
@@ -158,20 +152,26 @@ WAYS: dict[str, tuple[Settle, str, bool, bool, str]] = {
 
 
 @pytest.mark.parametrize(
-    ("settle", "outcome", "expired", "failed", "counter"), WAYS.values(), ids=WAYS.keys()
+    ("kind", "completable", "then", "outcome", "expired", "failed", "counter"),
+    WAYS.values(),
+    ids=WAYS.keys(),
 )
 async def test_each_way_of_settling_has_its_outcome(
     clock: ManualClock,
-    settle: Settle,
+    kind: type[MockOperation],
+    completable: bool,
+    then: Then,
     outcome: str,
     expired: bool,
     failed: bool,
     counter: str,
 ) -> None:
-    sink = Sink()
+    sink = Recorder()
     p = Purgatory("p", clock=clock, event_sink=sink)
     async with p:
-        op = await settle(p, clock)
+        op = kind(1.0, completable=completable)
+        await admit(p, op)
+        await then(p, clock, op)
         await clock.advance(0)
         assert op.done()
         stats = p.stats()
@@ -241,3 +241,15 @@ def test_the_outcome_of_an_uninitialised_operation_names_the_mistake() -> None:
 
     with pytest.raises(TypeError, match=r"must call super\(\)\.__init__\(timeout\)"):
         _ = Forgot().outcome
+
+
+async def test_a_cancelled_watch_and_wait_cancels_its_operation(clock: ManualClock) -> None:
+    async with Purgatory("p", clock=clock) as p:
+        op = MockOperation(1.0)
+        task = asyncio.ensure_future(p.watch_and_wait(op, ["k"]))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert op.outcome == "cancelled" and not op.expired
+        assert p.stats().cancelled == 1
