@@ -65,7 +65,8 @@ def restore_docs() -> None:
             for part in path:
                 owner = getattr(owner, part)
             compiled = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-            setattr(owner, name, _documented(compiled, qualname, module_name, spec))
+            if not inspect.isfunction(compiled):  # a Python function is one restored already
+                setattr(owner, name, _documented(compiled, qualname, module_name, spec))
 
 
 #: The file ``hatch_build.py`` writes beside the compiled extensions (its DOCS_FILE).
