@@ -10,6 +10,7 @@ cannot carry annotations, and its ``self`` is positional-only there.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import json
@@ -19,6 +20,7 @@ import pydoc
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +176,38 @@ def test_signatures_of_bound_methods_leave_self_out() -> None:
     assert list(inspect.signature(p.shutdown).parameters) == ["expire_pending"]
     assert list(inspect.signature(p.advance_key).parameters) == ["key", "value"]
     assert inspect.iscoroutinefunction(Purgatory.shutdown)
+
+
+def test_the_compiled_wheel_carries_what_the_extensions_cannot_hold() -> None:
+    import hatch_build
+
+    directory = os.environ.get("PURGATORY_AIO_WHEEL_DIR")
+    if not directory:
+        pytest.skip("PURGATORY_AIO_WHEEL_DIR is unset: the wheel checks run under `make test`")
+    (wheel,) = Path(directory).glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert (f"purgatory_aio/{hatch_build.DOCS_FILE}" in names) is purgatory_aio.compiled
+
+
+def test_restoring_the_docs_twice_changes_nothing() -> None:
+    from purgatory_aio import Purgatory, _native
+
+    if not purgatory_aio.compiled:
+        pytest.skip("only the compiled build restores docstrings at import")
+    shutdown = Purgatory.__dict__["shutdown"]
+    _native.restore_docs()
+    assert Purgatory.__dict__["shutdown"] is shutdown
+
+
+@pytest.mark.parametrize(
+    "text", ["plain", 'quotes " and \\ and ??=', "é ✓\n\ttabs\x00", "x" * 1000]
+)
+def test_docstrings_become_c_string_literals_byte_for_byte(text: str) -> None:
+    import hatch_build
+
+    literal = hatch_build._c_string(text)
+    # Adjacent C literals; their escapes (three-digit octal) read the same in Python bytes.
+    pieces = re.findall(r'"([^"]*)"', literal)
+    assert literal == " ".join(f'"{piece}"' for piece in pieces)
+    assert b"".join(ast.literal_eval(f'b"{piece}"') for piece in pieces) == text.encode("utf-8")
