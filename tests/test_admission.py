@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import inspect
 import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,7 +42,7 @@ async def test_a_forgotten_await_still_admits_the_operation_which_then_expires(
         await clock.advance(1.0)
         assert await asyncio.wait_for(waiter, HANG_GUARD) == "expired"
         assert op.outcome == "expired" and p.stats().expired == 1
-        if inspect.iscoroutine(answer):
+        if asyncio.iscoroutine(answer):
             answer.close()  # watch_and_wait's wait, which nobody awaited
 
 
@@ -55,7 +54,7 @@ async def test_a_forgotten_await_completes_as_any_other(clock: ManualClock, admi
         assert op.force_complete()
         await clock.advance(0)
         assert op.result() == "completed" and p.num_delayed == 0
-        if inspect.iscoroutine(answer):
+        if asyncio.iscoroutine(answer):
             answer.close()
 
 
@@ -165,7 +164,7 @@ def test_called_with_no_loop_running_it_admits_once_run_in_the_loop() -> None:
         waited.completable = True
         assert loop.run_until_complete(p.watch_and_wait(waited, ["k"])) == "completed"
         unrun = p.try_complete_else_watch(MockOperation(1.0), ["k"])
-        assert inspect.iscoroutine(unrun)
+        assert asyncio.iscoroutine(unrun)
         unrun.close()  # never run: nothing was admitted
         assert p.num_delayed == 1
         loop.run_until_complete(p.shutdown())
