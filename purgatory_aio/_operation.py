@@ -60,7 +60,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         offload_callbacks: run synchronous callbacks in a worker thread
             (anyio, bounded by the purgatory's limiter) instead of on the loop.
 
-    Example:
+    Examples:
         >>> class WaitForOffset(DelayedOperation[int]):
         ...     def __init__(self, log, offset, timeout):
         ...         super().__init__(timeout)
@@ -160,6 +160,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def timeout(self) -> float:
+        """The timeout given to ``__init__``, in seconds."""
         try:
             return self._timeout
         except AttributeError:
@@ -199,8 +200,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def cancelled(self) -> bool:
-        """True if it was withdrawn (``cancel``, ``cancel_for_key``, a shutdown that
-        cancels): ``on_complete`` never runs."""
+        """True if it was withdrawn without completing (``on_complete`` never ran)."""
         return bool(_state_of(self) & CANCELLED)
 
     @property
