@@ -36,7 +36,7 @@ import anyio
 import anyio.to_thread
 
 from ._clock import DEFAULT_CLOCK, Clock
-from ._errors import FATAL, PurgatoryClosed
+from ._errors import FATAL, OutsideLoop, PurgatoryClosed
 from ._logging import get_logger
 from ._states import (
     CANCELLED,
@@ -128,7 +128,7 @@ class Lifecycle:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise RuntimeError(
+            raise OutsideLoop(
                 f"purgatory {self.name!r} must be used from a running event loop"
             ) from None
         if self._loop is not None:

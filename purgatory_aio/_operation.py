@@ -38,6 +38,7 @@ from ._states import (
 from ._timer import TimerEntry
 from ._validation import INF, check_seconds
 from ._watches import NOT_WATCHED
+from .events import Outcome
 
 __all__ = ["DelayedOperation"]
 
@@ -192,7 +193,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def expired(self) -> bool:
-        """True if it was completed by its deadline passing (or by shutdown)."""
+        """True if it was completed by its deadline passing (or by shutdown: :attr:`outcome`
+        tells the two apart)."""
         return bool(_state_of(self) & EXPIRED)
 
     @property
@@ -200,6 +202,22 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     def cancelled(self) -> bool:
         """True if it was withdrawn without completing (``on_complete`` never ran)."""
         return bool(_state_of(self) & CANCELLED)
+
+    @property
+    @final
+    def outcome(self) -> Outcome | None:
+        """How it left *pending*, in the words of the event log and ``stats()``; None
+        while pending.
+
+        ``"completed"``: satisfied (``force_complete``); ``"expired"``: its deadline
+        passed; ``"shutdown"``: the purgatory shut down (``expired`` is True then too,
+        and its callbacks ran as for an expiry); ``"cancelled"``: withdrawn. An
+        operation whose callback raised keeps its outcome and carries the exception
+        (``await op`` raises it). Decided at the transition, before the callbacks run:
+        ``done()`` says when the result is final.
+        """
+        state = _state_of(self)
+        return describe(state) if state & ENDED else None  # type: ignore[return-value]
 
     @final
     def done(self) -> bool:
@@ -278,7 +296,11 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # -- awaiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, R]:
-        if not _state_of(self) & SETTLED:
+        state = _state_of(self)
+        if not state & SETTLED:
+            if not state & ENDED and self._owner is DETACHED:
+                # Pending and in no purgatory: nothing would ever complete or expire it.
+                raise _never_handed_over(self)
             # One future per awaiting task: a task that is cancelled cancels only its own,
             # and the common single awaiter costs one future, no shield around a shared one.
             future = asyncio.get_running_loop().create_future()
@@ -411,6 +433,16 @@ def _uninitialised(op: DelayedOperation[Any]) -> TypeError:
     name = type(op).__name__
     return TypeError(
         f"{name} is not initialised: {name}.__init__ must call super().__init__(timeout)"
+    )
+
+
+def _never_handed_over(op: DelayedOperation[Any]) -> RuntimeError:
+    """What awaiting a pending operation that no purgatory holds raises."""
+    return RuntimeError(
+        f"{op!r} was never handed to a purgatory, so nothing would ever complete or expire "
+        "it and awaiting it would wait for ever: hand it over first "
+        "(purgatory.try_complete_else_watch(op, keys) or purgatory.watch_and_wait(op, keys)), "
+        "or complete or cancel it"
     )
 
 
