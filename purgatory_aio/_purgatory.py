@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Generator, Hashable, Iterable
+from collections.abc import Awaitable, Coroutine, Generator, Hashable, Iterable
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._clock import DEFAULT_CLOCK, Clock
@@ -326,8 +326,12 @@ class Purgatory:
 class _Admitted:
     """What admitting an operation returns: an awaitable answer, computed already.
 
-    Two instances serve every call (one per answer), and awaiting either again is
-    harmless: each ``await`` runs a fresh generator that ends at once with the answer.
+    It speaks the coroutine protocol (``send``, ``throw``, ``close``, and it is
+    registered as a :class:`collections.abc.Coroutine`), so whatever takes a coroutine
+    takes it: ``asyncio.create_task``, ``asyncio.run``'s callers, anyio's
+    ``start_soon`` and task groups. It has no state, so two instances serve every call
+    (one per answer): each ``send`` ends at once with the answer, each ``await`` runs a
+    fresh generator that does the same.
     """
 
     __slots__ = ("_completed",)
@@ -339,9 +343,28 @@ class _Admitted:
         return self._completed
         yield  # never reached: it makes this a generator, which the await then runs
 
+    def send(self, value: object) -> NoReturn:
+        """Finish at once with the answer, as a coroutine with nothing to wait for."""
+        raise StopIteration(self._completed)
+
+    def throw(self, typ: object, val: object = None, tb: object = None) -> NoReturn:
+        """Raise what is thrown in, as a coroutine that has not started would."""
+        if isinstance(typ, BaseException):
+            raise typ
+        if isinstance(typ, type) and issubclass(typ, BaseException):
+            raise val if isinstance(val, typ) else typ() if val is None else typ(val)
+        raise TypeError(f"exceptions must derive from BaseException, not {typ!r}")
+
+    def close(self) -> None:
+        """Nothing to close: the work was done by the call."""
+
     def __repr__(self) -> str:
         return f"<admitted: {'completed at once' if self._completed else 'watched'}>"
 
+
+# Registered rather than inherited: the compiled build's native classes cannot take
+# ABCMeta, and registration is all asyncio.iscoroutine and anyio check.
+Coroutine.register(_Admitted)
 
 _COMPLETED: Final = _Admitted(True)
 _WATCHED: Final = _Admitted(False)

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import pytest
 from support import AsyncOperation, MockOperation, awaiting
 
@@ -82,6 +83,28 @@ async def test_the_answer_reports_the_admission_and_may_be_awaited_again(
         assert await asyncio.ensure_future(p.watch_threshold(MockOperation(1.0), "t", 1)) is False
         assert await asyncio.gather(waiting, done) == [False, True]
         assert "watched" in repr(waiting) and "completed at once" in repr(done)
+
+
+async def test_the_answer_is_taken_wherever_a_coroutine_is(clock: ManualClock) -> None:
+    # Servers start admissions as tasks: asyncio.create_task and anyio's task groups
+    # take only coroutines, so the answer must pass their checks and report through them.
+    async with Purgatory("p", clock=clock) as p:
+        waiting = asyncio.create_task(p.try_complete_else_watch(MockOperation(1.0), ["k"]))
+        done = asyncio.create_task(
+            p.try_complete_else_watch(MockOperation(1.0, completable=True), ["k"])
+        )
+        threshold = asyncio.create_task(p.watch_threshold(MockOperation(1.0), "t", 1))
+        assert await asyncio.gather(waiting, done, threshold) == [False, True, False]
+        assert p.num_delayed == 2
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(p.try_complete_else_watch, MockOperation(1.0), ["k"])
+        assert p.num_delayed == 3
+        answer = p.try_complete_else_watch(MockOperation(1.0, completable=True), ["k"])
+        with pytest.raises(StopIteration) as stop:
+            answer.send(None)  # type: ignore[attr-defined]
+        assert stop.value.value is True
+        with pytest.raises(KeyError):
+            answer.throw(KeyError("thrown in"))  # type: ignore[attr-defined]
 
 
 async def test_refusals_are_raised_by_the_call_itself(clock: ManualClock) -> None:
