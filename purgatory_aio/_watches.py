@@ -31,6 +31,7 @@ from bisect import bisect_right
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _gc
 from ._states import COMPLETED, ENDED
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ IN_WALK: Final = 3  # taken out of its index by advance_key, held by that walk
 TAKEN: Final = 4  # taken from a walk by cancel_for_key: its one entry is gone already
 
 _order = itertools.count()
+
+# Statics in the compiled build (a C call each, no lookup); None in the pure build.
+_untrack_container: Final = _gc.untrack_container
 
 
 #: An index entry: (threshold, arrival number, operation). The arrival number is
@@ -94,6 +98,10 @@ class ThresholdIndex:
 
     def push(self, threshold: float, op: DelayedOperation[Any]) -> None:
         entry: Entry = (threshold, next(_order), op)
+        if _untrack_container is not None:
+            # The entry exists for this operation alone: out of the cyclic GC with it
+            # (see _gc). It is held by this index, and what it holds by the timer.
+            _untrack_container(entry)
         run = self.run
         fresh = self.fresh
         if not fresh and (self.start == len(run) or threshold >= run[-1][0]):
@@ -246,7 +254,12 @@ class WatchStore:
         for key in keys:
             watch_list = lists.get(key)
             if watch_list is None:
-                lists[key] = {ident: op}
+                watch_list = lists[key] = {ident: op}
+                if _untrack_container is not None:
+                    # A key of its own (a request id) makes a list per operation: out
+                    # of the cyclic GC with it (see _gc). CPython tracks a dict again
+                    # by itself when a second operation joins.
+                    _untrack_container(watch_list)
             else:
                 watch_list[ident] = op
         op._store = IN_WATCH_LISTS
@@ -478,6 +491,14 @@ class WatchStore:
                     self.purged += dropped
                     if not len(index):
                         del indexes[key]
+
+    def containers(self) -> list[object]:
+        """The containers holding watched operations: every watch list and index entry."""
+        held: list[object] = list(self.lists.values())
+        for index in self.indexes.values():
+            held.extend(index.run[index.start :])
+            held.extend(index.fresh)
+        return held
 
     def clear(self) -> None:
         self.lists.clear()
