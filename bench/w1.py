@@ -903,7 +903,7 @@ def run(
     records = []
     for loop_name in loops:
         best = measure(loop_name, params, progress)
-        if params.workload == "w1" and params.rate == 0:
+        if params.workload in ("w1", "w1-user") and params.rate == 0:
             best.update(measure_outside(loop_name, params, progress))
         records.append(
             publish(_build_record(loop_name, params, best), loop_name, progress, results_dir)

@@ -198,16 +198,21 @@ class GcWatch:
 
     def __init__(self) -> None:
         self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self.full_cpu: list[float] = []  # CPU seconds of each full collection
         self._started = 0.0
+        self._cpu = 0.0
         self.on = False
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if not self.on:
             return
         if phase == "start":
+            self._cpu = time.process_time()
             self._started = time.perf_counter()
         else:
             self.pauses[info["generation"]].append(time.perf_counter() - self._started)
+            if info["generation"] == 2:
+                self.full_cpu.append(time.process_time() - self._cpu)
 
 
 def tracked_by_type() -> Counter[str]:
@@ -311,6 +316,7 @@ async def measure(contender_name: str, params: W5Params) -> Record:
         gc.callbacks.remove(watch)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    tracked_at_end = len(gc.get_objects())  # what a full collection had to traverse
     completed, expired = contender.settled()
     await contender.close()
     full = watch.pauses[2]
@@ -322,6 +328,8 @@ async def measure(contender_name: str, params: W5Params) -> Record:
         "full_gcs": len(full),
         "full_gc_pauses_ms": [round(p * 1e3, 1) for p in full],
         "full_gc_max_ms": max(full) * 1e3 if full else 0.0,
+        "full_gc_cpu_ms": [round(c * 1e3, 1) for c in watch.full_cpu],
+        "tracked_at_end": tracked_at_end,
         "young_gcs": len(young),
         "young_gc_max_ms": max(young) * 1e3 if young else 0.0,
         "cpu_pct": 100.0 * cpu / wall,
@@ -486,6 +494,7 @@ async def leak(n: int, params: W5Params) -> Record:
     topics = [f"topic-{i}" for i in range(params.topics)]
     chunk = 10_000
     samples: list[int] = []
+    cancelled = 0
     async with Purgatory("bench-w5-leak") as p:
         watch = p.try_complete_else_watch
         started = False
@@ -496,7 +505,7 @@ async def leak(n: int, params: W5Params) -> Record:
             for op in ops[::3]:
                 op.force_complete()
             for op in ops[1::3]:
-                op.cancel()
+                cancelled += op.cancel()
             del ops, op
             for _ in range(1_000):  # every one has expired within a few ms
                 if not p.num_delayed:
@@ -515,7 +524,7 @@ async def leak(n: int, params: W5Params) -> Record:
         tracemalloc.stop()
     return {
         "ops": n,
-        "settled": counts.completed + counts.expired,
+        "settled": counts.completed + counts.expired + cancelled,
         "traced_bytes": samples,
         "growth_bytes": samples[-1] - samples[0],
         "growth_bytes_per_op": (samples[-1] - samples[0]) / n,

@@ -20,20 +20,21 @@ mypyc modules. The pure build has no C extension and keeps everything tracked
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 untrack: Callable[[object], bool] | None
 track: Callable[[object], None] | None
 untrack_container: Callable[[object], None] | None
+untrack_items: Callable[[list[Any], int], None] | None
 track_container: Callable[[object], None] | None
 
 try:
-    from ._untrack import track, track_container, untrack, untrack_container
+    from ._untrack import track, track_container, untrack, untrack_container, untrack_items
 except ImportError:
     from . import _timer
 
     if not _timer.__file__ or _timer.__file__.endswith(".py"):
-        untrack = track = untrack_container = track_container = None
+        untrack = track = untrack_container = track_container = untrack_items = None
     else:  # pragma: no cover - the compiled build always ships it
         raise ImportError(
             "purgatory_aio's compiled core is installed without its _untrack extension: "
@@ -62,4 +63,12 @@ class DropGuard:
         self._owner.retrack_pending()
 
 
-__all__ = ["UNTRACKING", "DropGuard", "track", "track_container", "untrack", "untrack_container"]
+__all__ = [
+    "UNTRACKING",
+    "DropGuard",
+    "track",
+    "track_container",
+    "untrack",
+    "untrack_container",
+    "untrack_items",
+]

@@ -140,6 +140,28 @@ async def test_a_threshold_operation_is_untracked_with_its_index_entry() -> None
         assert gc.is_tracked(op)
 
 
+async def test_no_tracked_container_of_the_library_holds_a_pending_operation() -> None:
+    """What a full collection would traverse reaches no pending operation (compiled): the
+    watch lists, the threshold index and the key table are out of the collector too."""
+    clock = ManualClock()
+    async with Purgatory("gc", clock=clock) as p:
+        ops = [Request(1.0) for _ in range(6)]
+        for index, op in enumerate(ops[:4]):
+            await pend(p, op, ("shared", f"own-{index}"))
+        for index, op in enumerate(ops[4:]):
+            assert not await p.watch_threshold(op, "hw", index)
+        for op in ops:
+            held_by = [
+                r
+                for r in gc.get_referrers(op)
+                if r is not ops and isinstance(r, dict | list | tuple | set)
+            ]
+            if COMPILED:
+                assert held_by == [], held_by
+            else:
+                assert held_by  # the pure build's watch lists are ordinary tracked dicts
+
+
 async def test_a_cycle_formed_while_pending_is_collected_after_settlement() -> None:
     clock = ManualClock()
     p = Purgatory("gc", clock=clock)
