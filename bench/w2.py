@@ -326,8 +326,7 @@ def _build_record(
                     "<= 1.5x",
                     over_user,
                     over_user is not None and over_user <= 1.5,
-                    f"vs the floor with the contract's try_complete call: "
-                    f"{fmt_ratio(over_floor)}",
+                    f"vs the floor with the contract's try_complete call: {fmt_ratio(over_floor)}",
                 )
             )
             headline.append(

@@ -71,7 +71,10 @@ from ._common import (
 )
 from .baselines import NaiveFutures, NaiveWaiter
 
-CONTENDERS = ("purgatory", "naive-futures")
+#: ``ticker-only`` runs the ticker and the arrival loop with nothing parked and nothing
+#: arriving: its lateness is the floor the machine itself sets (a loaded machine
+#: preempts the process), against which the others' stalls are read.
+CONTENDERS = ("purgatory", "naive-futures", "ticker-only")
 
 #: Kafka's Java purgatory on this schedule (G1, 1 GB heap, quiet 2-core machine): the
 #: ticker's lateness in ms, on its own thread / on the arrival thread, and its GC.
@@ -169,6 +172,23 @@ class _Purgatory:
         await self.purgatory.shutdown(expire_pending=False)
 
 
+class _Idle:
+    def __init__(self, counts: Counts) -> None:
+        self.counts = counts
+
+    async def arrive(self, keys: tuple[Hashable, ...], seconds: float, request: Any) -> None:
+        return None
+
+    def pending(self) -> int:
+        return 0
+
+    def settled(self) -> tuple[int, int]:
+        return 0, 0
+
+    async def close(self) -> None:
+        return None
+
+
 class _Naive:
     def __init__(self, counts: Counts) -> None:
         self.settlements = Settlements(1 << 62)
@@ -252,13 +272,17 @@ async def measure(contender_name: str, params: W5Params) -> Record:
     """One contender through W5's schedule (run in a child process of its own)."""
     loop = asyncio.get_running_loop()
     counts = Counts()
-    contender: _Purgatory | _Naive = (
-        _Purgatory(counts) if contender_name == "purgatory" else _Naive(counts)
+    contender: _Purgatory | _Naive | _Idle = (
+        _Purgatory(counts)
+        if contender_name == "purgatory"
+        else _Naive(counts)
+        if contender_name == "naive-futures"
+        else _Idle(counts)
     )
     rng = random.Random(params.seed)
     topics = [f"topic-{i}" for i in range(params.topics)]
     arrive = contender.arrive
-    parked = params.parked
+    parked = 0 if isinstance(contender, _Idle) else params.parked
     gc.collect()
     types_before = tracked_by_type()
     blocks_before = sys.getallocatedblocks()
@@ -273,12 +297,13 @@ async def measure(contender_name: str, params: W5Params) -> Record:
             await asyncio.sleep(0)
     fill_s = time.perf_counter() - fill_started
     pending_after_fill = contender.pending()
+    per = 1 / max(pending_after_fill, 1)
     gc.collect()  # what a young collection would do: atomic tuples and dicts untracked
     types_after = tracked_by_type()
     blocks_after = sys.getallocatedblocks()
     rss_after = rss_bytes()
     delta = {
-        name: (types_after[name] - types_before[name]) / pending_after_fill
+        name: (types_after[name] - types_before[name]) * per
         for name in types_after.keys() | types_before.keys()
     }
     by_type = {name: round(v, 3) for name, v in sorted(delta.items()) if abs(v) >= 0.005}
@@ -344,8 +369,8 @@ async def measure(contender_name: str, params: W5Params) -> Record:
         "pending_max": max(pending_samples, default=pending_after_fill),
         "tracked_per_pending": sum(delta.values()),
         "tracked_per_pending_by_type": by_type,
-        "blocks_per_pending": (blocks_after - blocks_before) / pending_after_fill,
-        "rss_bytes_per_pending": (rss_after - rss_before) / pending_after_fill,
+        "blocks_per_pending": (blocks_after - blocks_before) * per,
+        "rss_bytes_per_pending": (rss_after - rss_before) * per,
         "compiled": bool(purgatory_aio.compiled),
     }
 
@@ -365,8 +390,8 @@ def measure_in_child(contender: str, loop_name: str, params: W5Params) -> Record
 
 
 def build_record(loop_name: str, params: W5Params, runs: dict[str, Record]) -> Record:
-    purg, naive = runs["purgatory"], runs["naive-futures"]
-    lp, ln = purg["lateness"], naive["lateness"]
+    purg, naive, idle = runs["purgatory"], runs["naive-futures"], runs["ticker-only"]
+    lp, ln, li = purg["lateness"], naive["lateness"], idle["lateness"]
     ratios = {
         "max_stall naive/purgatory": ratio(ln["max_ms"], lp["max_ms"]),
         "p999_stall naive/purgatory": ratio(ln["p999_ms"], lp["p999_ms"]),
@@ -378,7 +403,12 @@ def build_record(loop_name: str, params: W5Params, runs: dict[str, Record]) -> R
         ),
     }
     full = params == W5Params(seed=params.seed)
-    note = "" if full else "indicative: the goals are stated for the full schedule"
+    note = "" if full else "indicative: the goals are stated for the full schedule. "
+    note += (
+        f"The ticker alone, nothing parked, on this machine then: p99.9 "
+        f"{fmt(li['p999_ms'], 1)} ms, max {fmt(li['max_ms'], 1)} ms; the purgatory's full "
+        f"collections took {fmt(max(purg['full_gc_cpu_ms'], default=0.0), 1)} ms of CPU at most"
+    )
     compiled = bool(purgatory_aio.compiled)
     goals = [
         goal(
@@ -410,11 +440,15 @@ def build_record(loop_name: str, params: W5Params, runs: dict[str, Record]) -> R
         return " / ".join(fmt(late[key], 1) for key in ("p50_ms", "p99_ms", "p999_ms", "max_ms"))
 
     def gcs(run: Record) -> str:
-        return f"{run['full_gcs']} full, max {fmt(run['full_gc_max_ms'], 0)} ms"
+        cpu = max(run["full_gc_cpu_ms"], default=0.0)
+        return (
+            f"{run['full_gcs']} full, max {fmt(run['full_gc_max_ms'], 0)} ms ({fmt(cpu, 0)} ms CPU)"
+        )
 
     headline = [
         ("ticker lateness ms p50 / p99 / p99.9 / max: P", stalls(purg)),
         ("ticker lateness ms p50 / p99 / p99.9 / max: N", stalls(naive)),
+        ("ticker lateness ms p50 / p99 / p99.9 / max: ticker alone (floor)", stalls(idle)),
         (
             "ticker lateness ms p99 / p99.9 / max: Kafka Java (own thread; arrival thread)",
             f"{k['p99_ms']} / {k['p999_ms']} / {k['max_ms']:g}; "
@@ -493,12 +527,16 @@ async def leak(n: int, params: W5Params) -> Record:
     rng = random.Random(params.seed)
     topics = [f"topic-{i}" for i in range(params.topics)]
     chunk = 10_000
-    samples: list[int] = []
+    samples: list[int] = []  # bytes held after warm-up, then after every tenth of the run
     cancelled = 0
     async with Purgatory("bench-w5-leak") as p:
         watch = p.try_complete_else_watch
-        started = False
-        for start in range(0, n + chunk, chunk):  # one chunk of warm-up first
+        # Traced from the start; the baseline is taken after two chunks of warm-up,
+        # once the dicts have grown to their working size.
+        tracemalloc.start()
+        chunks = n // chunk
+        for number in range(chunks + 2):
+            start = number * chunk
             ops = [ParkedOp(0.002, {"partition": i % 64}) for i in range(chunk)]
             for i, op in enumerate(ops):
                 await watch(op, _keys(rng, topics, start + i))
@@ -511,12 +549,7 @@ async def leak(n: int, params: W5Params) -> Record:
                 if not p.num_delayed:
                     break
                 await asyncio.sleep(0.005)
-            if not started:
-                gc.collect()
-                tracemalloc.start()
-                started = True
-                samples.append(tracemalloc.get_traced_memory()[0])
-            elif (start // chunk) % max(1, n // chunk // 10) == 0:
+            if number >= 1 and (number - 1) % max(1, chunks // 10) == 0:
                 gc.collect()
                 samples.append(tracemalloc.get_traced_memory()[0])
         gc.collect()

@@ -123,10 +123,13 @@ def test_w5_parks_operations_in_two_child_processes(tmp_path: Path) -> None:
     for record in records:
         runs = record["results"]["contenders"]
         assert set(runs) == set(w5.CONTENDERS)
-        for run in runs.values():
+        for name in ("purgatory", "naive-futures"):
+            run = runs[name]
             assert run["pending_after_fill"] == 2_000
             assert run["completed"] == 0 and run["expired"] > 0  # every one expires
             assert run["lateness"]["count"] > 0 and run["arrived"] > 0
+        assert runs["ticker-only"]["pending_after_fill"] == 0  # the machine's floor
+        assert runs["ticker-only"]["lateness"]["count"] > 0
         # The naive baseline's future, handle, record, set... are tracked by the GC; the
         # purgatory's pending operations are not, on the compiled build.
         assert runs["naive-futures"]["tracked_per_pending"] > 3
@@ -144,8 +147,11 @@ def test_w5_quick_is_what_the_smoke_run_uses() -> None:
 
 def test_w5_leak_check_settles_every_operation() -> None:
     (result,) = w5.run_leak(20_000, w5.QUICK, ["asyncio"], QUIET)
-    assert result["settled"] == 30_000  # a chunk of warm-up first
-    assert result["growth_bytes_per_op"] < 4
+    assert result["settled"] == 40_000  # two chunks of warm-up first
+    held = result["traced_bytes"]
+    # What is held moves with the dicts' sizes and the stale entries awaiting a purge;
+    # it does not grow with the operations run.
+    assert held[-1] <= max(held[:-1]) + 64 * 1024, held
 
 
 def test_w3_measures_both_timers_at_each_size(tmp_path: Path) -> None:
