@@ -213,7 +213,9 @@ class Lifecycle:
             self._timer._add(op, deadline)
             if _untrack is not None:
                 # Pending now, held by the timer until it settles (which tracks it
-                # again): no full collection traverses it meanwhile (see _gc).
+                # again): no full collection traverses it meanwhile (see _gc). W1's
+                # outside variant, 1M operations: 1.42 -> 1.05 us net per operation on
+                # asyncio, 1.32 -> 1.08 on uvloop (the class opted out vs not, one run).
                 _untrack(op)
         return False
 

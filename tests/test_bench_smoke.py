@@ -59,12 +59,13 @@ def test_w1_contenders_settle_every_operation(tmp_path: Path) -> None:
             assert run["left_pending"] == 0
         assert contenders["purgatory"]["lateness"]["early"] == 0
         # The outside variant: every operation settles; its driver alone settles those
-        # it completes (its watch does nothing, so nothing expires).
+        # it completes (its watch does nothing, so nothing expires; with the purgatory
+        # one may expire before the driver gets round to completing it).
         for name in ("outside", "outside-tracked"):
             assert contenders[name]["settled"] == 2_000 and contenders[name]["left_pending"] == 0
             assert "net_cpu_us_per_op" in contenders[name]
         driver = contenders["outside-driver"]
-        assert driver["settled"] == driver["completed"] == contenders["outside"]["completed"]
+        assert driver["settled"] == driver["completed"] >= contenders["outside"]["completed"]
         assert "outside net_cpu_per_op purgatory/kafka_java" in record["ratios"]
 
 
