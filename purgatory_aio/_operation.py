@@ -70,7 +70,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             on what they hold, ``gc.get_objects``). The pure build tracks every
             object as usual.
 
-    Example:
+    Examples:
         >>> class WaitForOffset(DelayedOperation[int]):
         ...     def __init__(self, log, offset, timeout):
         ...         super().__init__(timeout)
@@ -177,6 +177,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def timeout(self) -> float:
+        """The timeout given to ``__init__``, in seconds."""
         try:
             return self._timeout
         except AttributeError:
@@ -215,6 +216,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def cancelled(self) -> bool:
+        """True if it was withdrawn without completing (``on_complete`` never ran)."""
         return bool(_state_of(self) & CANCELLED)
 
     @final
