@@ -55,6 +55,11 @@ COMPILED_MODULES = (
     "_purgatory",
 )
 
+#: Hand-written C extensions built beside them, each from ``<name>.c`` in the package:
+#: ``_untrack`` takes pending operations out of the cyclic GC (see ``_gc.py``). The
+#: compiled build fails without them, as without any compiled module.
+NATIVE_MODULES = ("_untrack",)
+
 #: What compiling needs in the build environment (mypyc type-checks the modules,
 #: so the package's own dependencies must be importable too).
 COMPILE_REQUIRES = ["mypy>=1.10", "setuptools>=65", "anyio>=4.4", "structlog>=24.1"]
@@ -101,14 +106,16 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     :data:`COMPILED_MODULES`; mypyc's shared runtime library lands in ``out``.
     """
     missing = [name for name in COMPILED_MODULES if not (source / f"{name}.py").is_file()]
+    missing += [f"{name}.c" for name in NATIVE_MODULES if not (source / f"{name}.c").is_file()]
     if missing:
         raise BuildError(
-            f"COMPILED_MODULES in {Path(__file__).name} lists modules that do not exist in "
+            f"COMPILED_MODULES or NATIVE_MODULES in {Path(__file__).name} lists modules that "
+            f"do not exist in "
             f"{source}: {', '.join(missing)}"
         )
     try:
         from mypyc.build import mypycify
-        from setuptools import setup
+        from setuptools import Extension, setup
     except ImportError as exc:
         raise BuildError(
             f"compiling needs {', '.join(COMPILE_REQUIRES[:2])} ({exc.name} is missing)"
@@ -130,6 +137,10 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
         extensions = mypycify(sources, opt_level="3", debug_level="0")
         _clear_weakrefs_on_dealloc(extensions)
         _carry_docs(extensions, docs["c"])
+        extensions += [
+            Extension(f"{_PACKAGE}.{name}", [f"{_PACKAGE}/{name}.c"], extra_compile_args=["-O2"])
+            for name in NATIVE_MODULES
+        ]
         setup(
             name="purgatory-aio-compiled",
             packages=[],
@@ -142,9 +153,9 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     shutil.rmtree(out / "tmp", ignore_errors=True)
     shutil.rmtree(out / "build", ignore_errors=True)
     built = {path.name.split(".", 1)[0] for path in package.glob("*.so")}
-    absent = sorted(set(COMPILED_MODULES) - built)
+    absent = sorted({*COMPILED_MODULES, *NATIVE_MODULES} - built)
     if absent:
-        raise BuildError(f"mypyc produced no extension for: {', '.join(absent)}")
+        raise BuildError(f"the build produced no extension for: {', '.join(absent)}")
     return package
 
 

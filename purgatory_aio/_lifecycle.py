@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import anyio
 import anyio.to_thread
 
+from . import _gc
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import FATAL, OutsideLoop, PurgatoryClosed
 from ._logging import get_logger
@@ -70,6 +71,12 @@ def _not_started() -> bool:
 
 
 _running_loop: Final = asyncio._get_running_loop
+
+# The cyclic-GC helpers (see _gc): statics in the compiled build, so each is one C call
+# with no lookup; None in the pure build.
+_untrack: Final = _gc.untrack
+_track: Final = _gc.track
+_track_container: Final = _gc.track_container
 
 
 class Lifecycle:
@@ -204,6 +211,12 @@ class Lifecycle:
             return True
         if not op._state & ENDED:
             self._timer._add(op, deadline)
+            if _untrack is not None:
+                # Pending now, held by the timer until it settles (which tracks it
+                # again): no full collection traverses it meanwhile (see _gc). W1's
+                # outside variant, 1M operations: 1.42 -> 1.05 us net per operation on
+                # asyncio, 1.32 -> 1.08 on uvloop (the class opted out vs not, one run).
+                _untrack(op)
         return False
 
     def _refuse(
@@ -470,6 +483,10 @@ class Lifecycle:
 
     def _settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
         """Record the outcome, release awaiters, emit the event (once per operation)."""
+        if _track is not None:
+            # Every settlement ends here: the operation (untracked while pending, see
+            # watch) and its dict are the collector's again.
+            _track(op)
         if failed:  # a branch the state bits needed anyway: success costs nothing more
             if isinstance(outcome, StopIteration):
                 outcome = _not_a_result(outcome)
@@ -484,6 +501,16 @@ class Lifecycle:
             _release(waiter)
         if self._observed:
             self._observe(op)
+
+    def retrack_pending(self) -> None:
+        """Give every operation still pending, and the containers holding them, back to
+        the cyclic GC: the purgatory that held them is gone (see _gc.DropGuard)."""
+        if _track is None or _track_container is None:
+            return
+        for entry in self._timer._pending():
+            _track(entry)
+        for container in self._store.containers():
+            _track_container(container)
 
     # -- observing settled operations ----------------------------------------------------------
 

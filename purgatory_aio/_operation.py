@@ -59,6 +59,17 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         op_type: name used in the event log (the class name by default).
         offload_callbacks: run synchronous callbacks in a worker thread
             (anyio, bounded by the purgatory's limiter) instead of on the loop.
+        untrack_while_pending: True by default: on the compiled build, while a
+            purgatory holds the operation (pending in its timer), the operation
+            and its instance ``__dict__`` are out of the cyclic garbage collector,
+            like msgspec's ``Struct(gc=False)``, so full collections do not
+            traverse parked operations; settling puts them back. Objects only the
+            operation references stay reachable meanwhile, and
+            ``gc.get_referrers`` does not see the operation's ``__dict__`` as a
+            referrer until it settles. Set it to False for a class whose pending
+            operations must stay visible to the collector (``gc.get_referrers``
+            on what they hold, ``gc.get_objects``). The pure build tracks every
+            object as usual.
 
     Examples:
         >>> class WaitForOffset(DelayedOperation[int]):
@@ -87,6 +98,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     op_type: ClassVar[str | None] = None
     offload_callbacks: ClassVar[bool] = False
+    # Read by the compiled build's C helper off the class (see _gc), never per instance.
+    untrack_while_pending: ClassVar[bool] = True
     _async_complete: ClassVar[bool] = False
     _async_expire: ClassVar[bool] = False
     # Whether the callbacks of a satisfied / an expired operation can run inline on the
@@ -100,6 +113,11 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if not isinstance(cls.untrack_while_pending, bool):
+            raise TypeError(
+                f"{cls.__name__}.untrack_while_pending must be True or False, "
+                f"got {cls.untrack_while_pending!r}"
+            )
         cls._unimplemented = tuple(
             name for name in ("on_complete", "try_complete") if _is_abstract(cls, name)
         )
@@ -490,4 +508,4 @@ _LIBRARY_ATTRIBUTES: frozenset[str] = frozenset(
         for name in ((names,) if isinstance(names, str) else names)
     }
     | {"__dict__", "__weakref__"}
-) - {"op_type", "offload_callbacks"}
+) - {"op_type", "offload_callbacks", "untrack_while_pending"}

@@ -15,6 +15,7 @@ from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, 
 
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import OutsideLoop, PurgatoryClosed, not_copyable
+from ._gc import UNTRACKING, DropGuard
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
 from ._native import refuse_subclass
@@ -60,7 +61,7 @@ class Purgatory:
     has no slot for them, so the pure one declares none either).
     """
 
-    __slots__ = ("_clock", "_life", "_shutdown_task", "_store", "_timer", "name")
+    __slots__ = ("_clock", "_drop_guard", "_life", "_shutdown_task", "_store", "_timer", "name")
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         # Final on both builds. The compiled class refuses interpreted subclasses by
@@ -109,6 +110,8 @@ class Purgatory:
             log_operations=log_ops,
         )
         self._shutdown_task: asyncio.Task[None] | None = None
+        # Held by the purgatory alone: dropping the purgatory re-tracks what it holds.
+        self._drop_guard: DropGuard | None = DropGuard(self._life) if UNTRACKING else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -527,6 +527,17 @@ class Timer:
         if not self._count and not self._reaping:
             self._disarm()
 
+    def _pending(self) -> list[TimerEntry]:
+        """Every pending entry, left in place (in no particular order)."""
+        entries: list[TimerEntry] = []
+        for bucket in [*(b for wheel in self._levels for b in wheel.buckets), *self._carries]:
+            if bucket.size:
+                entries.extend(bucket.entries())
+        if self._firing is not None:
+            held = self._batch
+            entries.extend(entry for entry in self._firing if entry._bucket is held)
+        return entries
+
     def _drain(self) -> list[TimerEntry]:
         """Remove and return every pending entry, in deadline order."""
         entries: list[TimerEntry] = []

@@ -54,7 +54,7 @@ def test_the_library_wheel_holds_purgatory_aio_only() -> None:
     assert "purgatory-report" in scripts
     extensions = {n.split("/")[-1].split(".")[0] for n in names if n.endswith(".so")}
     if purgatory_aio.compiled:
-        assert set(hatch_build.COMPILED_MODULES) <= extensions
+        assert {*hatch_build.COMPILED_MODULES, *hatch_build.NATIVE_MODULES} <= extensions
         assert "-cp3" in wheel_file
     else:
         assert extensions == set()
