@@ -136,25 +136,19 @@ class PostgresServer:
             for path in (self.dir, pwfile):
                 os.chown(path, *self.owner)
         self.dir.chmod(0o700)
+        args = [
+            str(self.bin / "initdb"),
+            "--pgdata", str(self.data),
+            "--username", SUPERUSER,
+            "--pwfile", str(pwfile),
+            "--auth-local", "trust",
+            "--auth-host", "scram-sha-256",
+            "--encoding", "UTF8",
+            "--locale", "C",
+            "--no-sync",
+        ]  # fmt: skip
         done = subprocess.run(
-            [
-                str(self.bin / "initdb"),
-                "--pgdata",
-                str(self.data),
-                "--username",
-                SUPERUSER,
-                "--pwfile",
-                str(pwfile),
-                "--auth-local",
-                "trust",
-                "--auth-host",
-                "scram-sha-256",
-                "--encoding",
-                "UTF8",
-                "--locale",
-                "C",
-                "--no-sync",
-            ],  # fmt: skip
+            args,
             capture_output=True,
             timeout=120,
             env={**os.environ, "LC_ALL": "C", "HOME": str(self.dir)},
@@ -167,30 +161,23 @@ class PostgresServer:
 
     def start(self, timeout: float = 30.0) -> None:
         offset = self.log.stat().st_size if self.log.exists() else 0
+        args = [
+            str(self.bin / "postgres"),
+            "-D", str(self.data),
+            "-p", str(self.port),
+            "-k", str(self.dir),
+            "-c", "listen_addresses=127.0.0.1",
+            "-c", "max_connections=300",
+            # A throwaway cluster: nothing needs to survive a power cut.
+            "-c", "fsync=off",
+            "-c", "synchronous_commit=off",
+            "-c", "full_page_writes=off",
+        ]  # fmt: skip
         with self.log.open("ab") as log:
             if self.owner is not None:
                 os.chown(self.log, *self.owner)
             self.proc = subprocess.Popen(
-                [
-                    str(self.bin / "postgres"),
-                    "-D",
-                    str(self.data),
-                    "-p",
-                    str(self.port),
-                    "-k",
-                    str(self.dir),
-                    "-c",
-                    "listen_addresses=127.0.0.1",
-                    "-c",
-                    "max_connections=300",
-                    # A throwaway cluster: nothing needs to survive a power cut.
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "synchronous_commit=off",
-                    "-c",
-                    "full_page_writes=off",
-                ],  # fmt: skip
+                args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # out of reach of the terminal's signals
@@ -257,10 +244,8 @@ class PostgresServer:
         if self.frozen:
             self.thaw()
         self.proc.send_signal(signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         self.kill()
 
     def ensure_running(self) -> None:
