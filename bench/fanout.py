@@ -108,8 +108,7 @@ async def _broadcaster(url: str, fanout: RedisFanout, purgatory: Purgatory) -> A
             ready.set()
             async for event in subscriber:
                 key = event.message
-                fanout._values[key] = 1.0  # the same merge RedisFanout does before advancing
-                purgatory.advance_key(key, 1.0)
+                purgatory.advance_key(key, 1.0)  # records the value, as the fan-out does
 
     task = asyncio.create_task(listen())
     await ready.wait()
@@ -189,7 +188,6 @@ async def _measure(url: str, samples: int, events: int) -> Record:
     async with a, b, RedisFanout(url, a) as fa, RedisFanout(url, b, subscribe=False) as fb:
 
         def local(key: str) -> None:
-            fa._values[key] = 1.0
             a.advance_key(key, 1.0)
 
         def remote(key: str) -> None:

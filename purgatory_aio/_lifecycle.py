@@ -237,7 +237,7 @@ class Lifecycle:
     def advance(self, key: Hashable, value: float) -> int:
         """advance_key: try the threshold operations on ``key`` that ``value`` reaches."""
         store = self._store
-        if not _looked_up(store, key, True):
+        if not _looked_up(store, key, False):  # held at all: its value is recorded
             return 0
         self._on_loop_thread("advance_key", "")
         return store.advance(key, value, try_guarded)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._clock import DEFAULT_CLOCK, Clock
@@ -204,7 +204,10 @@ class Purgatory:
 
     def advance_key(self, key: Hashable, value: SupportsFloat) -> int:
         """The value watched under ``key`` reached ``value``: try exactly the operations
-        whose threshold is <= ``value``, lowest first; return how many completed."""
+        whose threshold is <= ``value``, lowest first; return how many completed.
+
+        While something is watched under ``key`` the highest value given is kept
+        (:meth:`key_value`), for the operations' ``try_complete`` to read."""
         return self._life.advance(key, check_finite(value, "value"))
 
     def check_and_complete(self, key: Hashable) -> int:
@@ -237,6 +240,45 @@ class Purgatory:
             future.set_result(self.check_and_complete(key))
         except BaseException as exc:
             future.set_exception(exc)
+
+    # -- what is watched: the interface for layers that relay key events (a fan-out) ----------
+
+    def watched_keys(self) -> list[Hashable]:
+        """Every key something is watched under, in no particular order.
+
+        A key stays listed until its last watch entry is removed; the entries of
+        settled operations are removed lazily (by the next walk over the key or a
+        purge), so the list may hold a few keys whose operations have all settled.
+        """
+        return self._store.keys()
+
+    def key_value(self, key: Hashable) -> float | None:
+        """The highest value :meth:`advance_key` was given for ``key`` while something
+        was watched under it, or None.
+
+        Forgotten with the key's last watch entry, so it costs memory only for
+        watched keys. An operation waiting for ``key``'s value to reach a threshold
+        reads it in ``try_complete``.
+        """
+        return self._store.values.get(key)
+
+    def add_key_listener(self, listener: Callable[[Hashable, bool], object]) -> None:
+        """Call ``listener(key, True)`` when ``key`` gains its first watch entry and
+        ``listener(key, False)`` when it loses its last one (adding one twice is harmless).
+
+        With a listener a relay of key events knows which keys this purgatory
+        watches, however the operations were watched, without keeping a copy.
+        It runs on the loop thread in the middle of the purgatory's bookkeeping:
+        it may record the key or schedule work, but must not call this purgatory.
+        An exception it raises is logged and otherwise ignored.
+        """
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        self._store.add_listener(listener)
+
+    def remove_key_listener(self, listener: Callable[[Hashable, bool], object]) -> None:
+        """Stop calling ``listener`` (one never added is ignored)."""
+        self._store.remove_listener(listener)
 
     def cancel_for_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """Cancel every pending operation watched under ``key`` and return them."""

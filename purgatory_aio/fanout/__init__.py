@@ -1,5 +1,6 @@
 """Completing operations across processes: publish key events anywhere, apply them everywhere.
 
+A fan-out is a :class:`Fanout` over a :class:`FanoutBackend` (the engine).
 ``MemoryFanout`` (one process, tests) needs nothing more; ``RedisFanout`` needs
 the ``redis`` extra (``pip install 'purgatory-aio[redis]'``) and is imported
 only when used.
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._base import BackendHost as BackendHost
+from ._base import Event as Event
 from ._base import Fanout as Fanout
+from ._base import FanoutBackend as FanoutBackend
 from ._base import FanoutStats as FanoutStats
 from ._base import FanoutUnavailable as FanoutUnavailable
 from ._base import MalformedMessage as MalformedMessage
@@ -23,7 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_URL",
+    "BackendHost",
+    "Event",
     "Fanout",
+    "FanoutBackend",
     "FanoutStats",
     "FanoutUnavailable",
     "MalformedMessage",

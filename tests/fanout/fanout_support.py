@@ -18,7 +18,23 @@ from http_support import HANG_GUARD
 from http_support import wait_until as until
 from support import free_port
 
-__all__ = ["HANG_GUARD", "RedisServer", "free_port", "until", "wait_for_port"]
+from purgatory_aio import DelayedOperation
+
+__all__ = ["HANG_GUARD", "Flag", "RedisServer", "free_port", "until", "wait_for_port"]
+
+
+class Flag(DelayedOperation[bool]):
+    """Completes once its flag is set (the application's own truth)."""
+
+    def __init__(self, flags: set[str], key: str, timeout: float) -> None:
+        super().__init__(timeout)
+        self.flags, self.key = flags, key
+
+    def try_complete(self) -> bool:
+        return self.key in self.flags and self.force_complete()
+
+    def on_complete(self) -> bool:
+        return self.key in self.flags
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:

@@ -5,24 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fanout_support import Flag
 
-from purgatory_aio import DelayedOperation, Purgatory
+from purgatory_aio import Purgatory
 from purgatory_aio.fanout import MemoryFanout, MemoryHub, ValueReached
 from purgatory_aio.fanout._base import decode, encode
-
-
-class Flag(DelayedOperation[bool]):
-    """Completes once its flag is set (the application's own truth)."""
-
-    def __init__(self, flags: set[str], key: str, timeout: float) -> None:
-        super().__init__(timeout)
-        self.flags, self.key = flags, key
-
-    def try_complete(self) -> bool:
-        return self.key in self.flags and self.force_complete()
-
-    def on_complete(self) -> bool:
-        return self.key in self.flags
 
 
 async def settle() -> None:

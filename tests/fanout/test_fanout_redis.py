@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from fanout_support import RedisServer, free_port, until
+from fanout_support import Flag, RedisServer, free_port, until
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, RedisFanout, ValueReached
@@ -36,9 +36,15 @@ async def test_check_and_cancel_reach_the_other_process(redis_server: RedisServe
     async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b) as fb:
         reached = ValueReached(fa, "j", 5, 30)
         await fa.watch_threshold(a, reached, "j", 5)
-        fa._values["j"] = 5.0  # the condition now holds here, as the application's truth would
-        fb.check("j")
+        a.advance_key("j", 4)  # below the threshold: recorded, nothing completes
+        assert not reached.done()
+        a.advance_key("j", 5)  # the condition holds here now, without a message
         await until(reached.done)
+        declined = Flag(flags := set(), "j2", 30)
+        await fa.watch(a, declined, ["j2"])
+        flags.add("j2")  # the application's truth changed; a check tells every process
+        fb.check("j2")
+        await until(declined.done)
         other = ValueReached(fa, "x", 1, 30)
         await fa.watch_threshold(a, other, "x", 1)
         fb.cancel("x")
@@ -146,7 +152,7 @@ async def test_an_unreachable_url_is_one_clear_error_at_start() -> None:
 async def test_bad_credentials_are_one_clear_error_without_the_password() -> None:
     with RedisServer(password="s3cret") as server:
         wrong = f"redis://:wrong@127.0.0.1:{server.port}/0"
-        with pytest.raises(FanoutUnavailable, match="refused the connection") as caught:
+        with pytest.raises(FanoutUnavailable, match="refused the user name or password") as caught:
             await RedisFanout(wrong).start()
         assert "wrong" not in str(caught.value)
         async with RedisFanout(server.url) as fanout:  # the right password works
@@ -181,6 +187,6 @@ async def test_a_full_publish_queue_drops_and_counts_instead_of_blocking(
         for i in range(5):
             fanout.check(f"k{i}")
         stats = fanout.stats()
-        assert stats.publish_dropped == 3 and stats.queued == 2
+        assert stats.publish_dropped == 3 and stats.queued == 3  # 2 queued + 1 being retried
         async with asyncio.timeout(5):
             await fanout.stop()
