@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
 from pg_support import PostgresServer
 
@@ -26,3 +27,20 @@ def postgres(postgres_cluster: PostgresServer) -> PostgresServer:
     """The session's PostgreSQL, running (a test before may have frozen or killed it)."""
     postgres_cluster.ensure_running()
     return postgres_cluster
+
+
+@pytest.fixture(scope="session")
+def redis_shared() -> Iterator[RedisServer]:
+    """One redis-server for the tests that do not stop it (each under a prefix of its own)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """Each engine in turn; its server is started on first use and shared by the session."""
+    if request.param == "redis":
+        return redis_engine(request.getfixturevalue("redis_shared"))
+    if request.param == "postgres":
+        return postgres_engine(request.getfixturevalue("postgres"))
+    return memory_engine()
