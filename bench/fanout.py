@@ -1,21 +1,23 @@
-"""``python -m bench fanout``: what completing operations across processes through Redis costs.
+"""``python -m bench fanout``: what completing operations across processes costs, per engine.
 
-Against a real redis-server started on a free port (Debian's package), on asyncio
-and uvloop, in one run:
+Against a real redis-server and a real PostgreSQL, each started on a free port
+(Debian's packages), on asyncio and uvloop, in one run, for each engine:
 
 * **latency**: one operation parked, completed by an event; the time from the
   event being raised to the waiting task resuming. In-process
-  (``advance_key`` on the same purgatory) vs through Redis with
-  :class:`~purgatory_aio.fanout.RedisFanout` (a publish-only instance and a
+  (``advance_key`` on the same purgatory) vs through the engine with
+  :class:`~purgatory_aio.fanout.RedisFanout` or
+  :class:`~purgatory_aio.fanout.PostgresFanout` (a publish-only instance and a
   subscribing one, on their own connections, as two processes would be) vs encode's
-  ``broadcaster`` Redis backend doing the same fan-out (its subscriber calls
-  ``advance_key``). p50/p99, sequential events.
+  ``broadcaster`` backend for the same engine doing the same fan-out (its
+  subscriber calls ``advance_key``). p50/p99, sequential events; what the engine
+  adds is each one's latency less the in-process one.
 * **throughput**: N operations parked on N keys, N events published by this
   process and applied by its subscriber; events per second from the first
   publish to the last completion, for both libraries.
-* **subscription mode**: receiving and filtering one message that concerns no
-  local key on the single channel vs a SUBSCRIBE + UNSUBSCRIBE pair per watched
-  key (what per-key subscriptions cost instead).
+* **subscription mode** (Redis): receiving and filtering one message that
+  concerns no local key on the single channel vs a SUBSCRIBE + UNSUBSCRIBE pair
+  per watched key (what per-key subscriptions cost instead).
 
 Records go to ``bench/results/fanout/`` (not into the main summary).
 """
@@ -25,14 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import importlib
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import RedisFanout, ValueReached
+from purgatory_aio.fanout import Fanout, ValueReached, fanout_from_url
 
 from ._common import (
     RESULTS_DIR,
@@ -48,6 +53,8 @@ from ._common import (
     run_on,
 )
 
+ENGINES = ("redis", "postgres")
+
 # Stored values outlive a run: every run uses keys of its own, or its advances would be
 # replays the store absorbs (by design) and nothing would be published.
 RUN = uuid.uuid4().hex[:8]
@@ -57,6 +64,7 @@ Trigger = Callable[[str], Awaitable[None] | None]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loop", choices=("asyncio", "uvloop", "both"), default="both")
+    parser.add_argument("--engine", choices=(*ENGINES, "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--samples", type=int, default=2000, help="latency samples per contender")
     parser.add_argument("--events", type=int, default=20000, help="events in the throughput run")
@@ -65,20 +73,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def redis_server() -> Any:
-    # The test helper is the one place that knows how to run redis-server; reuse it.
-    import importlib
-    import sys
-
+def servers(engines: list[str]) -> Iterator[dict[str, str]]:
+    """The engines' URLs, each a real server for the run. The test helpers are the one place
+    that knows how to run redis-server and PostgreSQL; reuse them."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fanout"))
-    support: Any = importlib.import_module("fanout_support")
-    with support.RedisServer() as server:
-        yield server
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        if "redis" in engines:
+            support: Any = importlib.import_module("fanout_support")
+            urls["redis"] = stack.enter_context(support.RedisServer()).url
+        if "postgres" in engines:
+            pg: Any = importlib.import_module("pg_support")
+            urls["postgres"] = stack.enter_context(pg.PostgresServer()).url
+        yield urls
 
 
-async def _latency(
-    purgatory: Purgatory, fanout: RedisFanout, trigger: Trigger, n: int
-) -> list[float]:
+async def _latency(purgatory: Purgatory, fanout: Fanout, trigger: Trigger, n: int) -> list[float]:
     samples = []
     for i in range(n):
         key = f"lat:{RUN}:{i}:{id(trigger)}"
@@ -94,7 +104,7 @@ async def _latency(
 
 
 @contextlib.asynccontextmanager
-async def _broadcaster(url: str, fanout: RedisFanout, purgatory: Purgatory) -> AsyncIterator[Any]:
+async def _broadcaster(url: str, purgatory: Purgatory) -> AsyncIterator[Any]:
     from broadcaster import Broadcast
 
     pub, sub = Broadcast(url), Broadcast(url)
@@ -107,19 +117,18 @@ async def _broadcaster(url: str, fanout: RedisFanout, purgatory: Purgatory) -> A
             subscriber: Any = subscribed
             ready.set()
             async for event in subscriber:
-                key = event.message
-                purgatory.advance_key(key, 1.0)  # records the value, as the fan-out does
+                purgatory.advance_key(event.message, 1.0)  # records the value, as the fan-out does
 
     task = asyncio.create_task(listen())
     await ready.wait()
-    # broadcaster 0.3.1 starts its listener when subscribe() begins, before redis-py marks
-    # the connection subscribed; the listener then sees "not subscribed", stops and waits
-    # for the next subscribe, so nothing is ever delivered. Wake it once more.
+    # broadcaster 0.3.1 starts its Redis listener when subscribe() begins, before redis-py
+    # marks the connection subscribed; the listener then sees "not subscribed", stops and
+    # waits for the next subscribe, so nothing is ever delivered. Wake it once more.
     backend: Any = getattr(sub, "_backend", None)
     await asyncio.sleep(0.05)
     if backend is not None and hasattr(backend, "_ready"):
         backend._ready.set()
-    await asyncio.sleep(0.05)  # the SUBSCRIBE has reached Redis
+    await asyncio.sleep(0.05)  # the SUBSCRIBE / LISTEN has reached the server
     try:
         yield pub
     finally:
@@ -132,7 +141,7 @@ async def _broadcaster(url: str, fanout: RedisFanout, purgatory: Purgatory) -> A
 
 async def _throughput(
     purgatory: Purgatory,
-    fanout: RedisFanout,
+    fanout: Fanout,
     publish_all: Callable[[list[str]], Awaitable[None]],
     n: int,
     tag: str,
@@ -183,9 +192,13 @@ async def _subscription_cost(url: str, n: int) -> tuple[float, float]:
         await client.aclose()
 
 
-async def _measure(url: str, samples: int, events: int) -> Record:
+async def _measure(engine: str, url: str, samples: int, events: int) -> Record:
     a, b = Purgatory("bench-a"), Purgatory("bench-b")
-    async with a, b, RedisFanout(url, a) as fa, RedisFanout(url, b, subscribe=False) as fb:
+    # A table of its own per run on PostgreSQL; Redis keys carry the run in their names.
+    options = {"prefix": f"bench_{RUN}"} if engine == "postgres" else {}
+    fa = fanout_from_url(url, a, **options)
+    fb = fanout_from_url(url, b, subscribe=False, **options)
+    async with a, b, fa, fb:
 
         def local(key: str) -> None:
             a.advance_key(key, 1.0)
@@ -202,7 +215,7 @@ async def _measure(url: str, samples: int, events: int) -> Record:
 
         fanout_rate = await _throughput(a, fa, fanout_publish, events, "fanout")
 
-        async with _broadcaster(url, fa, a) as broadcast:
+        async with _broadcaster(url, a) as broadcast:
 
             async def bc_trigger(key: str) -> None:
                 await broadcast.publish(channel="bench", message=key)
@@ -210,6 +223,12 @@ async def _measure(url: str, samples: int, events: int) -> Record:
             through_broadcaster = await _latency(a, fa, bc_trigger, samples)
 
             async def bc_publish(keys: list[str]) -> None:
+                if engine == "postgres":
+                    # broadcaster's PostgreSQL backend publishes on one asyncpg connection,
+                    # which runs one statement at a time: concurrent publishes fail there.
+                    for key in keys:
+                        await broadcast.publish(channel="bench", message=key)
+                    return
                 # Concurrent publishes, as concurrent handlers would issue them.
                 for start in range(0, len(keys), 64):
                     await asyncio.gather(
@@ -220,7 +239,13 @@ async def _measure(url: str, samples: int, events: int) -> Record:
                     )
 
             broadcaster_rate = await _throughput(a, fa, bc_publish, events, "bc")
+    subscription: Record = {}
+    if engine == "redis":
         per_key, per_message = await _subscription_cost(url, max(200, samples // 4))
+        subscription = {
+            "per_key_subscribe_unsubscribe": per_key * 1e6,
+            "single_channel_message": per_message * 1e6,
+        }
 
     def pct(values: list[float], q: float) -> float:
         return quantile(values, q) * 1e6
@@ -230,16 +255,57 @@ async def _measure(url: str, samples: int, events: int) -> Record:
             name: {"p50": pct(values, 0.5), "p99": pct(values, 0.99)}
             for name, values in (
                 ("in_process", in_process),
-                ("fanout_redis", through_fanout),
-                ("broadcaster_redis", through_broadcaster),
+                ("fanout", through_fanout),
+                ("broadcaster", through_broadcaster),
             )
         },
-        "events_per_s": {"fanout_redis": fanout_rate, "broadcaster_redis": broadcaster_rate},
-        "subscription_us": {
-            "per_key_subscribe_unsubscribe": per_key * 1e6,
-            "single_channel_message": per_message * 1e6,
-        },
+        "events_per_s": {"fanout": fanout_rate, "broadcaster": broadcaster_rate},
+        "subscription_us": subscription,
     }
+
+
+def _summary(engine: str, results: Record) -> tuple[Record, list[tuple[str, str]]]:
+    lat, rate, sub = results["latency_us"], results["events_per_s"], results["subscription_us"]
+
+    def added(name: str, q: str) -> float:
+        return float(lat[name][q] - lat["in_process"][q])
+
+    ratios: Record = {
+        f"{engine}_added_p50_fanout_vs_broadcaster": ratio(
+            added("fanout", "p50"), added("broadcaster", "p50")
+        ),
+        f"{engine}_added_p99_fanout_vs_broadcaster": ratio(
+            added("fanout", "p99"), added("broadcaster", "p99")
+        ),
+        f"{engine}_events_per_s_fanout_vs_broadcaster": ratio(rate["fanout"], rate["broadcaster"]),
+    }
+    headline = [
+        (
+            f"{engine}: latency p50/p99 µs in-process / fanout / broadcaster",
+            " / ".join(
+                f"{lat[n]['p50']:.0f}/{lat[n]['p99']:.0f}"
+                for n in ("in_process", "fanout", "broadcaster")
+            ),
+        ),
+        (
+            f"{engine}: events/s fanout / broadcaster",
+            f"{rate['fanout']:.0f} / {rate['broadcaster']:.0f}",
+        ),
+    ]
+    if sub:
+        ratios[f"{engine}_per_key_subscription_vs_single_channel_message"] = ratio(
+            sub["per_key_subscribe_unsubscribe"], sub["single_channel_message"]
+        )
+        headline.append(
+            (
+                f"{engine}: per key µs: SUBSCRIBE+UNSUBSCRIBE / one filtered message",
+                f"{sub['per_key_subscribe_unsubscribe']:.1f} / {sub['single_channel_message']:.1f}",
+            )
+        )
+    headline += [
+        (name, f"{value:.2f}x" if value is not None else "-") for name, value in ratios.items()
+    ]
+    return ratios, headline
 
 
 def main(argv: list[str]) -> int:
@@ -251,56 +317,25 @@ def main(argv: list[str]) -> int:
     progress = Progress(plain=args.plain)
     samples = 200 if args.quick else args.samples
     events = 2000 if args.quick else args.events
-    with redis_server() as server:
+    engines = list(ENGINES) if args.engine == "both" else [args.engine]
+    with servers(engines) as urls:
         for loop_name in resolve_loops(args.loop, progress):
-            global RUN
-            RUN = uuid.uuid4().hex[:8]
-            results = run_on(loop_name, lambda: _measure(server.url, samples, events))
-            lat = results["latency_us"]
-            rate = results["events_per_s"]
-            sub = results["subscription_us"]
-            ratios = {
-                "added_p50_fanout_vs_broadcaster": ratio(
-                    lat["fanout_redis"]["p50"] - lat["in_process"]["p50"],
-                    lat["broadcaster_redis"]["p50"] - lat["in_process"]["p50"],
-                ),
-                "added_p99_fanout_vs_broadcaster": ratio(
-                    lat["fanout_redis"]["p99"] - lat["in_process"]["p99"],
-                    lat["broadcaster_redis"]["p99"] - lat["in_process"]["p99"],
-                ),
-                "events_per_s_fanout_vs_broadcaster": ratio(
-                    rate["fanout_redis"], rate["broadcaster_redis"]
-                ),
-                "per_key_subscription_vs_single_channel_message": ratio(
-                    sub["per_key_subscribe_unsubscribe"], sub["single_channel_message"]
-                ),
-            }
-            headline = [
-                (
-                    "latency p50/p99 µs in-process / fanout / broadcaster",
-                    " / ".join(
-                        f"{lat[n]['p50']:.0f}/{lat[n]['p99']:.0f}"
-                        for n in ("in_process", "fanout_redis", "broadcaster_redis")
-                    ),
-                ),
-                (
-                    "events/s fanout / broadcaster",
-                    f"{rate['fanout_redis']:.0f} / {rate['broadcaster_redis']:.0f}",
-                ),
-                (
-                    "per key µs: SUBSCRIBE+UNSUBSCRIBE / one filtered message",
-                    f"{sub['per_key_subscribe_unsubscribe']:.1f}"
-                    f" / {sub['single_channel_message']:.1f}",
-                ),
-                *(
-                    (name, f"{value:.2f}x" if value is not None else "-")
-                    for name, value in ratios.items()
-                ),
-            ]
+            results: Record = {}
+            ratios: Record = {}
+            headline: list[tuple[str, str]] = []
+            for engine in engines:
+                global RUN
+                RUN = uuid.uuid4().hex[:8]
+                results[engine] = run_on(
+                    loop_name, functools.partial(_measure, engine, urls[engine], samples, events)
+                )
+                engine_ratios, engine_headline = _summary(engine, results[engine])
+                ratios.update(engine_ratios)
+                headline += engine_headline
             record = make_record(
                 "fanout",
                 loop_name,
-                {"samples": samples, "events": events},
+                {"samples": samples, "events": events, "engines": engines},
                 results,
                 ratios=ratios,
                 headline=headline,

@@ -1,8 +1,10 @@
-"""The webhook-acks example under real ``uvicorn --workers 2`` against a real redis-server."""
+"""The webhook-acks example under real ``uvicorn --workers 2``, against a real redis-server and
+a real PostgreSQL (the engine chosen by the URL alone)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,8 +17,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 from fanout_support import HANG_GUARD, RedisServer, free_port, wait_for_port
+from pg_support import PostgresServer
 
-from purgatory_aio.fanout import RedisFanout
+from purgatory_aio.fanout import fanout_from_url
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.one_loop  # the servers are subprocesses; one client loop is enough
@@ -25,14 +28,25 @@ pytestmark = pytest.mark.one_loop  # the servers are subprocesses; one client lo
 @dataclass
 class Workers:
     base: str
-    redis_url: str
+    url: str  # the engine's
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[Workers]:
-    with RedisServer() as redis_server:
+@contextlib.contextmanager
+def engine_url(name: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    if name == "redis":
+        with RedisServer() as redis_server:
+            yield redis_server.url
+    else:
+        cluster: PostgresServer = request.getfixturevalue("postgres_cluster")
+        cluster.ensure_running()
+        yield cluster.url
+
+
+@pytest.fixture(scope="module", params=["redis", "postgres"])
+def workers(request: pytest.FixtureRequest) -> Iterator[Workers]:
+    with engine_url(request.param, request) as url:
         port = free_port()
-        env = {**os.environ, "PURGATORY_AIO_REDIS_URL": redis_server.url}
+        env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": url}
         args = [
             sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
             "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
@@ -48,7 +62,7 @@ def workers() -> Iterator[Workers]:
         )
         try:
             wait_for_port(port, timeout=30)
-            yield Workers(f"http://127.0.0.1:{port}", redis_server.url)
+            yield Workers(f"http://127.0.0.1:{port}", url)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -157,7 +171,7 @@ async def test_a_burst_of_10k_events_answers_10k_parked_polls_across_two_workers
         assert time.monotonic() < deadline, f"only {sum(pending.values())} polls parked"
         await parked()
         await asyncio.sleep(0.1)
-    async with RedisFanout(workers.redis_url) as publisher:
+    async with fanout_from_url(workers.url) as publisher:
         for i in range(n):
             publisher.advance(f"job:burst-{i}", 1)
         results = await asyncio.gather(*polls)
