@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def servers(engines: list[str]) -> Iterator[dict[str, str]]:
     """The engines' URLs, each a real server for the run. The test helpers are the one place
     that knows how to run redis-server and PostgreSQL; reuse them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "fanout"))
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path[:0] = [str(tests / "fanout"), str(tests)]
     with contextlib.ExitStack() as stack:
         urls: dict[str, str] = {}
         if "redis" in engines:
