@@ -9,7 +9,9 @@ stopped or failing engine never holds an answer past its deadline.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
+import tracemalloc
 
 import pytest
 from engines import Engine
@@ -253,3 +255,30 @@ async def test_a_foreign_value_in_the_store_is_counted_and_a_raise_replaces_it(
         else:
             async with asyncio.timeout(PATIENCE):
                 assert await waiting == 2.0
+
+
+async def test_a_member_that_only_publishes_keeps_nothing_per_key(engine: Engine) -> None:
+    """Memory follows the watches: publishing over many keys leaves nothing behind."""
+    if engine.name == "memory":
+        pytest.skip("the memory hub is the store, and lives in this process")
+    n = 10_000
+    b = Purgatory("b")
+    async with b, engine.make(b, subscribe=False) as fb:
+        await fb.advance_confirmed("warm", 1)  # connections, statements and caches are made
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(n):
+                fb.advance(f"publish-only:{i}", 1)
+                if i % 1000 == 999:
+                    await fb.advance_confirmed(f"publish-only:{i}", 2)  # drained so far
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        stats = fb.stats()
+        assert (stats.published, stats.queued, stats.watched_keys) == (n + 1 + n // 1000, 0, 0)
+        assert fb.value("publish-only:0") is None and b.watched_keys() == []
+        # About 200 bytes a key if each one were kept; far less than that is noise.
+        assert grown < n * 50, f"{grown} bytes kept after publishing {n} keys"
