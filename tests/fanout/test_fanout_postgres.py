@@ -158,6 +158,65 @@ async def test_a_crashed_server_is_reconnected_to_once_it_restarts(
         assert fa.stats().outages >= 1 and fa.stats().recoveries >= 1
 
 
+async def test_every_confirmed_advance_survives_a_crash_in_the_middle_of_a_storm(
+    postgres: PostgresServer,
+) -> None:
+    prefix = fresh("confirmed")
+    n = 600
+    fanout = PostgresFanout(postgres.url, prefix=prefix, subscribe=False, batch=32)
+    async with fanout:
+
+        async def confirm(i: int) -> bool:
+            try:
+                await fanout.advance_confirmed(f"c:{i}", i + 1, timeout=0.5)
+            except FanoutUnavailable:
+                return False
+            return True
+
+        storm = [asyncio.create_task(confirm(i)) for i in range(n)]
+        await until(lambda: fanout.stats().published >= n // 4)
+        postgres.kill()
+        outcomes = await asyncio.gather(*storm)
+        postgres.start()
+    confirmed = {f"c:{i}": float(i + 1) for i, ok in enumerate(outcomes) if ok}
+    assert n // 4 <= len(confirmed) < n
+    async with admin(postgres) as conn:
+        rows = await conn.fetch(f"SELECT key, value FROM {prefix}_values")
+    stored = {row["key"]: row["value"] for row in rows}
+    assert {key: stored.get(key) for key in confirmed} == confirmed
+
+
+async def test_starting_against_a_frozen_server_is_one_bounded_error(
+    postgres: PostgresServer,
+) -> None:
+    postgres.freeze()
+    try:
+        fanout = PostgresFanout(postgres.url, connect_timeout=0.3)
+        async with asyncio.timeout(0.3 * 2 + 2 * ABANDON_AFTER + 1.0):
+            with pytest.raises(FanoutUnavailable, match="no PostgreSQL answer") as caught:
+                await fanout.start()
+        assert "\n" not in str(caught.value) and postgres.password not in str(caught.value)
+    finally:
+        postgres.thaw()
+
+
+async def test_a_listen_connection_that_stops_answering_is_replaced(
+    postgres: PostgresServer,
+) -> None:
+    a, b, fa, fb = pair(postgres, "probe", health_interval=0.1, command_timeout=0.3)
+    async with a, b, fa, fb:
+        waiting = await parked(fa, a, "after:probe")
+        postgres.freeze()  # the connection stays open; nothing answers the probe
+        try:
+            await until(lambda: fa.stats().outages >= 1)
+        finally:
+            postgres.thaw()
+        await until(lambda: fa.stats().resubscribes >= 1 and fa.stats().connected)
+        await fb.advance_confirmed("after:probe", 1, timeout=PATIENCE)
+        async with asyncio.timeout(PATIENCE):
+            assert await waiting == 1.0
+
+
 async def test_foreign_rows_are_counted_and_raised_past(postgres: PostgresServer) -> None:
     a, b, fa, fb = pair(postgres, "foreign_rows")
     async with a, b, fa, fb:
