@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -30,13 +30,9 @@ class Engine:
     name: str
     make: Callable[..., Fanout]  # make(*purgatories, **options): a member, not started
     publish_raw: Callable[[str], Awaitable[None]]  # a message on the members' channel
+    stored: Callable[[str], Awaitable[float | None]]  # the value the engine holds for a key
     # store_foreign(key): a value under key the fan-out did not write (None: cannot hold one)
-    store_foreign: Callable[[str], Awaitable[None]] | None = None
-    stored: Callable[[str], Awaitable[float | None]] = field(default=lambda key: _none())
-
-
-async def _none() -> None:
-    return None
+    store_foreign: Callable[[str], Awaitable[None]] | None
 
 
 def memory_engine() -> Engine:
@@ -51,7 +47,7 @@ def memory_engine() -> Engine:
     async def stored(key: str) -> float | None:
         return hub.values.get(key)
 
-    return Engine("memory", make, publish_raw, None, stored)
+    return Engine("memory", make, publish_raw, stored, None)
 
 
 def redis_engine(server: RedisServer) -> Engine:
@@ -79,7 +75,7 @@ def redis_engine(server: RedisServer) -> Engine:
         raw = await command("GET", f"{prefix}:value:{key}")
         return None if raw is None else float(raw)
 
-    return Engine("redis", make, publish_raw, store_foreign, stored)
+    return Engine("redis", make, publish_raw, stored, store_foreign)
 
 
 def postgres_engine(server: PostgresServer) -> Engine:
@@ -113,4 +109,4 @@ def postgres_engine(server: PostgresServer) -> Engine:
         value: float | None = await sql(f"SELECT value FROM {prefix}_values WHERE key = $1", key)
         return value
 
-    return Engine("postgres", make, publish_raw, store_foreign, stored)
+    return Engine("postgres", make, publish_raw, stored, store_foreign)
