@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._base import ABANDON_AFTER as ABANDON_AFTER
 from ._base import BackendHost as BackendHost
 from ._base import Event as Event
 from ._base import Fanout as Fanout
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ._redis import RedisFanout as RedisFanout
 
 __all__ = [
+    "ABANDON_AFTER",
     "ENV_FANOUT_URL",
     "ENV_URL",
     "BackendHost",

@@ -89,6 +89,13 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
+
+
 def resolve_url(url: str | None) -> str:
     """The URL to use: ``url``, else ``$PURGATORY_AIO_REDIS_URL``, checked before any
     connection: a clear ``ValueError`` naming what is wrong."""
@@ -144,10 +151,13 @@ def _in_words(exc: BaseException, url: str) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = text.lower()
     where = f"Redis at {redacted(url)}"
-    if "noauth" in lowered or "authentication required" in lowered:
-        return f"{where} requires a password: put it in the URL (redis://:password@host:port/0)"
-    refused = "wrongpass" in lowered or "invalid password" in lowered
-    if refused or isinstance(exc, AuthenticationError):
+    signs = ("noauth", "wrongpass", "authentication", "password", "auth ")
+    if isinstance(exc, AuthenticationError) or any(sign in lowered for sign in signs):
+        if _password(url) is None:
+            return (
+                f"{where} requires a password: put it in the URL "
+                "(redis://:password@host:port/0, or redis://user:password@...)"
+            )
         return f"{where} refused the user name or password in the URL"
     if "protocol error" in lowered or type(exc).__name__ == "InvalidResponse":
         return (
