@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
@@ -44,3 +46,14 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     if request.param == "postgres":
         return postgres_engine(request.getfixturevalue("postgres"))
     return memory_engine()
+
+
+@pytest.fixture
+async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """What the running loop's exception handler receives ("never retrieved" and friends)."""
+    seen: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(previous)

@@ -68,7 +68,7 @@ def pair(server: PostgresServer, name: str, **options: Any) -> tuple[Any, ...]:
 
 
 async def test_a_terminated_listen_connection_is_re_established_and_caught_up(
-    postgres: PostgresServer,
+    postgres: PostgresServer, loop_errors: list[dict[str, Any]]
 ) -> None:
     a, b, fa, fb = pair(postgres, "term_listen")
     async with a, b, fa, fb:
@@ -83,10 +83,11 @@ async def test_a_terminated_listen_connection_is_re_established_and_caught_up(
         await until(lambda: fa.stats().resubscribes >= 3 and fa.stats().connected)
         stats = fa.stats()
         assert stats.outages >= 3 and stats.recoveries >= 3
+    assert loop_errors == []
 
 
 async def test_terminating_the_write_connection_mid_storm_loses_no_event(
-    postgres: PostgresServer,
+    postgres: PostgresServer, loop_errors: list[dict[str, Any]]
 ) -> None:
     a, b, fa, fb = pair(postgres, "term_write", batch=50)
     n = 1500
@@ -102,6 +103,7 @@ async def test_terminating_the_write_connection_mid_storm_loses_no_event(
             assert await asyncio.gather(*waits) == [1.0] * n
         assert a.stats().completed == n
         assert fb.stats().publish_failures >= 1 and fb.stats().publish_errors == 0
+    assert loop_errors == []
 
 
 async def test_a_frozen_server_delays_no_answer_and_no_stop(postgres: PostgresServer) -> None:
@@ -135,7 +137,7 @@ async def test_a_frozen_server_delays_no_answer_and_no_stop(postgres: PostgresSe
 
 
 async def test_a_crashed_server_is_reconnected_to_once_it_restarts(
-    postgres: PostgresServer,
+    postgres: PostgresServer, loop_errors: list[dict[str, Any]]
 ) -> None:
     a, b, fa, fb = pair(postgres, "crash")
     async with a, b, fa, fb:
@@ -156,10 +158,11 @@ async def test_a_crashed_server_is_reconnected_to_once_it_restarts(
         async with asyncio.timeout(PATIENCE):
             assert await again == 1.0
         assert fa.stats().outages >= 1 and fa.stats().recoveries >= 1
+    assert loop_errors == []
 
 
 async def test_every_confirmed_advance_survives_a_crash_in_the_middle_of_a_storm(
-    postgres: PostgresServer,
+    postgres: PostgresServer, loop_errors: list[dict[str, Any]]
 ) -> None:
     prefix = fresh("confirmed")
     n = 600
@@ -184,10 +187,11 @@ async def test_every_confirmed_advance_survives_a_crash_in_the_middle_of_a_storm
         rows = await conn.fetch(f"SELECT key, value FROM {prefix}_values")
     stored = {row["key"]: row["value"] for row in rows}
     assert {key: stored.get(key) for key in confirmed} == confirmed
+    assert loop_errors == []
 
 
 async def test_starting_against_a_frozen_server_is_one_bounded_error(
-    postgres: PostgresServer,
+    postgres: PostgresServer, loop_errors: list[dict[str, Any]]
 ) -> None:
     postgres.freeze()
     try:
@@ -198,10 +202,11 @@ async def test_starting_against_a_frozen_server_is_one_bounded_error(
         assert "\n" not in str(caught.value) and postgres.password not in str(caught.value)
     finally:
         postgres.thaw()
+    assert loop_errors == []
 
 
 async def test_a_listen_connection_that_stops_answering_is_replaced(
-    postgres: PostgresServer,
+    postgres: PostgresServer, loop_errors: list[dict[str, Any]]
 ) -> None:
     a, b, fa, fb = pair(postgres, "probe", health_interval=0.1, command_timeout=0.3)
     async with a, b, fa, fb:
@@ -215,6 +220,7 @@ async def test_a_listen_connection_that_stops_answering_is_replaced(
         await fb.advance_confirmed("after:probe", 1, timeout=PATIENCE)
         async with asyncio.timeout(PATIENCE):
             assert await waiting == 1.0
+    assert loop_errors == []
 
 
 async def test_foreign_rows_are_counted_and_raised_past(postgres: PostgresServer) -> None:
