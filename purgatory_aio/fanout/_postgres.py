@@ -20,11 +20,12 @@ compares the two designs on the same driver.
   is harmless for idempotent events). If the server refuses one statement of a
   batch (a table someone changed), the batch is sent again one event at a time
   and only the refused events are reported.
-* **One LISTEN connection per process**, for however many keys it watches;
-  reads of stored values share it (under a lock). PostgreSQL does not
-  reconnect by itself: the subscription reconnects with backoff when the
-  connection ends (asyncpg's termination listener) or stops answering a health
-  probe, listens again, and then the fan-out re-reads every watched key.
+* **One LISTEN connection per process**, for however many keys it watches,
+  beside one that publishes and one that reads stored values (a slow read
+  never costs the subscription). PostgreSQL does not reconnect by itself: the
+  subscription reconnects with backoff when its connection ends (asyncpg's
+  termination listener) or stops answering a health probe, listens again, and
+  then the fan-out re-reads every watched key.
 * **Bounded waits everywhere.** Connecting, each statement and each probe have
   a timeout; a statement that timed out leaves its connection closed (the next
   use reconnects), so a frozen server never holds a publisher, a read or
@@ -32,6 +33,11 @@ compares the two designs on the same driver.
 * **Rows do not accumulate.** Values not raised for ``value_ttl`` seconds are
   deleted by whichever member publishes, at most every few minutes (the table
   only grows through publishing).
+
+LISTEN needs a server session of its own: point the URL at the server, or at a
+pooler in session mode (a transaction-mode pooler runs the LISTEN on a server
+session it then lends to other clients, and its notifications never reach this
+process).
 
 Limits of the engine, refused at the call: a key is at most
 :data:`MAX_KEY_BYTES` bytes of UTF-8 (the primary key's index entry and the
@@ -86,6 +92,7 @@ _PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 #: Shown in pg_stat_activity, so an operator (or a test) can tell the connections apart.
 LISTEN_APPLICATION: Final = "purgatory_aio fanout listen"
 WRITE_APPLICATION: Final = "purgatory_aio fanout write"
+READ_APPLICATION: Final = "purgatory_aio fanout read"
 
 # Errors after which a connection is not to be used again (asyncpg's own InterfaceError
 # covers "connection is closed"; its DataError, raised before sending, is a PostgresError).
@@ -161,6 +168,17 @@ def _lost(exc: BaseException, conn: Any) -> bool:
     )
 
 
+def _give_up_if_lost(exc: BaseException, conn: Any, drop: Callable[[], None], doing: str) -> None:
+    """After ``exc`` on ``conn``: if the connection is not to be used again, ``drop()`` it and
+    raise (the cancellation itself, or :class:`EngineUnreachable`, which the fan-out retries);
+    otherwise return (the server refused the statement)."""
+    if _lost(exc, conn):
+        drop()
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        raise EngineUnreachable(f"{doing}: {exc!r}") from None
+
+
 def describe(exc: BaseException, timeout: float) -> str:
     """What went wrong while connecting, in the words of someone configuring a URL."""
     if isinstance(exc, FanoutUnavailable):
@@ -231,9 +249,10 @@ class PostgresBackend(FanoutBackend):
             ))
         """
         self._writer: Any = None
+        self._reader: Any = None
+        self._read_lock = asyncio.Lock()
         self._listener: Any = None
         self._lost: asyncio.Event | None = None
-        self._listen_lock = asyncio.Lock()
         self._next_expiry = time.monotonic() + min(_EXPIRE_EVERY, value_ttl / 2)
 
     @property
@@ -327,8 +346,14 @@ class PostgresBackend(FanoutBackend):
         if conn is not None:
             conn.terminate()
 
+    def _drop_reader(self) -> None:
+        conn, self._reader = self._reader, None
+        if conn is not None:
+            conn.terminate()
+
     def _terminate_all(self) -> None:
         self._drop_listener()
+        self._drop_reader()
         self._drop_writer()
 
     async def close(self) -> None:
@@ -355,7 +380,7 @@ class PostgresBackend(FanoutBackend):
         try:
             await conn.executemany(self._publish_sql, rows, timeout=self._command_timeout)
         except BaseException as exc:
-            self._check_writer(exc, conn)
+            _give_up_if_lost(exc, conn, self._drop_writer, "publishing failed")
             if isinstance(exc, asyncpg.exceptions.UndefinedTableError):
                 # Dropped while we were connected: reconnecting makes it again, and the
                 # fan-out sends the batch again.
@@ -367,16 +392,6 @@ class PostgresBackend(FanoutBackend):
         await self._maybe_expire(conn)
         return [None] * len(rows)
 
-    def _check_writer(self, exc: BaseException, conn: Any) -> None:
-        """After ``exc`` on the write connection: if the connection is gone, drop it and raise
-        (the cancellation itself, or :class:`EngineUnreachable` so the batch is sent again);
-        otherwise return (the server refused a statement)."""
-        if _lost(exc, conn):
-            self._drop_writer()
-            if isinstance(exc, asyncio.CancelledError):
-                raise exc
-            raise EngineUnreachable(f"publishing failed: {exc!r}") from None
-
     async def _one_by_one(
         self, conn: Any, rows: list[tuple[str, str, float, str]]
     ) -> list[BaseException | None]:
@@ -385,7 +400,7 @@ class PostgresBackend(FanoutBackend):
             try:
                 await conn.execute(self._publish_sql, *row, timeout=self._command_timeout)
             except BaseException as exc:
-                self._check_writer(exc, conn)
+                _give_up_if_lost(exc, conn, self._drop_writer, "publishing failed")
                 results.append(exc)
             else:
                 results.append(None)
@@ -413,7 +428,22 @@ class PostgresBackend(FanoutBackend):
     # -- reading ---------------------------------------------------------------------------------
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
-        rows = await self._on_listener(lambda conn: conn.fetch(self._read_sql, list(keys)))
+        """On a connection of their own, one read at a time: a slow or cancelled read closes
+        that connection (the next read opens another) and never touches the subscription."""
+        async with self._read_lock:
+            conn = self._reader
+            if conn is None or conn.is_closed():
+                try:
+                    conn = self._reader = await self._open(READ_APPLICATION)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+            try:
+                rows = await conn.fetch(self._read_sql, list(keys), timeout=self._command_timeout)
+            except BaseException as exc:
+                _give_up_if_lost(exc, conn, self._drop_reader, "reading failed")
+                raise
         values: dict[str, float] = {}
         for key, value in rows:
             if value is None or not -_INF < value < _INF:
@@ -421,24 +451,6 @@ class PostgresBackend(FanoutBackend):
             else:
                 values[key] = value
         return values
-
-    async def _on_listener(self, query: Callable[[Any], Any]) -> Any:
-        """Run ``query`` on the LISTEN connection, one at a time. A query that fails on the
-        connection, or does not finish (cancelled, timed out), closes it: the subscription
-        then reconnects and listens again."""
-        async with self._listen_lock:
-            conn = self._listener
-            if conn is None or conn.is_closed():
-                raise EngineUnreachable("the LISTEN connection is being re-established")
-            try:
-                return await query(conn)
-            except BaseException as exc:
-                if _lost(exc, conn):
-                    self._drop_listener()
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    raise EngineUnreachable(f"{exc!r}") from None
-                raise
 
     # -- subscribing -----------------------------------------------------------------------------
 
@@ -471,9 +483,11 @@ class PostgresBackend(FanoutBackend):
                 async with asyncio.timeout(self._health_interval):
                     await lost.wait()
                 return "the LISTEN connection was closed"
+            conn = self._listener
+            if conn is None or conn.is_closed():
+                return "the LISTEN connection was closed"
             try:
-                async with asyncio.timeout(self._command_timeout):
-                    await self._on_listener(lambda conn: conn.fetchval("SELECT 1"))
+                await conn.fetchval("SELECT 1", timeout=self._command_timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
