@@ -21,6 +21,10 @@ or against PostgreSQL (the values live in a table the first worker creates)::
     curl 'localhost:8000/jobs/42/wait?timeout_ms=30000' &   # parks in some worker
     curl -X POST localhost:8000/jobs/42/ack                 # any worker: the wait returns
 
+An ack is answered ``202`` only once it is stored in Redis, and ``503`` with
+``Retry-After`` when it cannot be stored in time (Redis down or frozen), so
+the sender retries instead of believing a lost ack was taken.
+
 Progress counters work the same way, for waits on a monotonic value
 (``POST /counters/{name}/advance?to=N``, ``GET /counters/{name}/wait?at_least=N``):
 advances are merged by max, so duplicated or reordered ones are harmless.
@@ -32,18 +36,20 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import ENV_FANOUT_URL, Fanout, fanout_from_url
+from purgatory_aio.fanout import ENV_FANOUT_URL, Fanout, FanoutUnavailable, fanout_from_url
 from purgatory_aio.integrations.fastapi import (
     PurgatoryLifespan,
-    cancel_on_disconnect,
     purgatory_dependency,
+    wait_for_value,
 )
 
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
 TimeoutMs = Annotated[int, Query(ge=0, le=300_000)]
+#: Seconds an ack may take to be stored before it is answered 503 (with Retry-After).
+STORE_TIMEOUT = 2.0
 # Module level: with postponed annotations FastAPI resolves these names from the module.
 PurgatoryDep = Annotated[Purgatory, Depends(purgatory_dependency())]
 
@@ -72,8 +78,19 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
     pid = os.getpid()
 
     async def wait(request: Request, p: Purgatory, key: str, mark: float, ms: int) -> float | None:
-        async with cancel_on_disconnect(request):
-            return await fan.wait_for_value(p, key, mark, ms / 1000)
+        # Withdrawn when the client goes away, like watch_and_wait.
+        return await wait_for_value(request, key, mark, ms / 1000, purgatory=p, fanout=fan)
+
+    async def store(key: str, value: float) -> None:
+        # 202 only once the event is stored in Redis: an ack answered 202 is never lost.
+        try:
+            await fan.advance_confirmed(key, value, timeout=STORE_TIMEOUT)
+        except FanoutUnavailable as exc:
+            raise HTTPException(
+                status_code=503,
+                detail=f"not stored, send it again: {exc}",
+                headers={"Retry-After": "1"},
+            ) from None
 
     @app.get("/jobs/{job_id}/wait")
     async def wait_for_ack(
@@ -84,7 +101,7 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
 
     @app.post("/jobs/{job_id}/ack", status_code=202)
     async def ack(job_id: JobId) -> dict[str, Any]:
-        fan.advance(f"job:{job_id}", 1)
+        await store(f"job:{job_id}", 1)
         return {"job": job_id, "worker": pid}
 
     @app.get("/counters/{name}/wait")
@@ -102,7 +119,7 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
     async def advance(
         name: JobId, to: Annotated[float, Query(allow_inf_nan=False)]
     ) -> dict[str, Any]:
-        fan.advance(f"counter:{name}", to)
+        await store(f"counter:{name}", to)
         return {"counter": name, "worker": pid}
 
     @app.get("/whoami")

@@ -237,7 +237,7 @@ class Lifecycle:
     def advance(self, key: Hashable, value: float) -> int:
         """advance_key: try the threshold operations on ``key`` that ``value`` reaches."""
         store = self._store
-        if not _looked_up(store, key, False):  # held at all: its value is recorded
+        if not _looked_up(store, key, True):
             return 0
         self._on_loop_thread("advance_key", "")
         return store.advance(key, value, try_guarded)
@@ -786,11 +786,13 @@ def _bad_watch_key(keys: tuple[Hashable, ...], exc: BaseException) -> TypeError:
 
 
 def _looked_up(store: WatchStore, key: Hashable, indexed: bool) -> bool:
-    """Whether ``store`` holds ``key`` (in a threshold index, if ``indexed``), with a key
-    that cannot be hashed or compared refused by name (a StopIteration from its
-    ``__hash__`` or ``__eq__`` must not end a calling coroutine)."""
+    """Whether ``store`` holds ``key`` (its threshold index looked up first, if
+    ``indexed``: one lookup for advance_key's usual key), with a key that cannot be
+    hashed or compared refused by name (a StopIteration from its ``__hash__`` or
+    ``__eq__`` must not end a calling coroutine). A key held only in a plain list or a
+    walk counts too: advance_key records its value for them."""
     try:
-        return key in store.indexes if indexed else store.holds(key)
+        return (indexed and key in store.indexes) or store.holds(key)
     except (TypeError, StopIteration) as exc:
         raise _bad_key(key, exc) from exc
 

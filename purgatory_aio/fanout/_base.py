@@ -52,9 +52,9 @@ CANCEL: Final = "x"
 #: Keys read from the engine per round trip.
 READ_CHUNK: Final = 1000
 
-#: How long :meth:`Fanout.stop` waits for its tasks and for the engine's connections to
-#: close, each, before abandoning them: a frozen engine never holds a shutdown.
 ABANDON_AFTER: Final = 0.25
+"""Seconds :meth:`Fanout.stop` waits for its tasks, and again for the engine's connections
+to close, before abandoning them: a frozen engine never holds a shutdown."""
 
 
 class FanoutUnavailable(ConnectionError):
@@ -93,6 +93,7 @@ class FanoutStats:
     reads_pending: int = 0  # gauge: watched keys whose stored value is still to be read
 
     def as_dict(self) -> dict[str, int | bool]:
+        """Every field by name, ready for ``json.dumps``."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -186,6 +187,7 @@ class Event:
         self.waiter = waiter
 
     def settle(self, error: BaseException | None) -> None:
+        """Tell the caller waiting for this event (if any) that it was stored, or why not."""
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             if error is None:
@@ -345,6 +347,7 @@ class Fanout(BackendHost):
         self._resync_task: asyncio.Task[None] | None = None
         self._resync_again = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False  # stop() began: nothing more is queued
         self._closing = False  # stop() gave up flushing: the tasks end, what is left is lost
@@ -368,6 +371,7 @@ class Fanout(BackendHost):
 
     @property
     def purgatories(self) -> tuple[Purgatory, ...]:
+        """The purgatories this fan-out applies events to."""
         return tuple(self._purgatories)
 
     @property
@@ -522,6 +526,7 @@ class Fanout(BackendHost):
         return list(keys)
 
     def stats(self) -> FanoutStats:
+        """A snapshot of the counters and gauges; ``stats().as_dict()`` is JSON-ready."""
         stats = FanoutStats(**self._stats.as_dict())  # type: ignore[arg-type]
         stats.watched_keys = len(self.watched_keys())
         stats.queued = len(self._queue) + len(self._inflight)
@@ -553,7 +558,7 @@ class Fanout(BackendHost):
             ) from None
         self._started = True
         self._stats.connected = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._publisher(), name="purgatory_aio.fanout.publisher")]
         if self._subscribe:
             self._tasks.append(
@@ -581,11 +586,11 @@ class Fanout(BackendHost):
         """
         if self._stopped:
             return
+        bound = check_seconds(flush_timeout, "flush_timeout") if flush_timeout != 0 else 0.0
         self._stopped = True
         if not self._started:
             self._fail_undelivered()
             return
-        bound = check_seconds(flush_timeout, "flush_timeout") if flush_timeout else 0.0
         if bound and self._stats.connected and not self._drained.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(bound):
@@ -677,15 +682,24 @@ class Fanout(BackendHost):
         """Apply one channel message; a malformed one is logged, counted and skipped."""
         stats = self._stats
         stats.received += 1
+        if self._down_since is not None:
+            self._up()
+        # The advance, the common message, is parsed inline rather than through decode():
+        # with nothing reached, advance_key costs 0.16 us and the parsing dominates
+        # (1.18 -> 0.80 us per delivered advance, python -m bench fanout).
         try:
-            if isinstance(message, bytes):
-                message = message.decode("utf-8")
-            kind, origin, value, key = decode(message)
-        except (MalformedMessage, UnicodeDecodeError) as exc:
+            text = message.decode("utf-8") if isinstance(message, bytes) else message
+            kind, origin, raw, key = text.split("|", 3)
+            if kind == ADVANCE and key:
+                value = float(raw)
+                if not -_INF < value < _INF:
+                    raise ValueError(f"advance with a non-finite value: {text[:200]!r}")
+            else:
+                kind, origin, value, key = decode(text)
+        except (ValueError, UnicodeDecodeError) as exc:
             stats.malformed += 1
-            _log.warning("fanout_malformed_message", error=str(exc))
+            _log.warning("fanout_malformed_message", error=f"{exc}"[:200])
             return
-        self._up()
         try:
             if kind == ADVANCE:
                 # Our own advances too: a watch that began after we applied it locally may
@@ -719,12 +733,14 @@ class Fanout(BackendHost):
         # advance_key alone: it records the value for the key's try_complete calls and visits
         # only the operations it reaches, O(log n + k) (a check_and_complete would sort the
         # key's whole threshold index: 22 ms at 100k watchers, against 16 us).
-        self._stats.applied_advances += 1
+        # A shut-down purgatory watches nothing: advance_key returns 0 there, no test needed.
+        stats = self._stats
+        stats.applied_advances += 1
         completed = 0
         for purgatory in self._purgatories:
-            if not purgatory.closed:
-                completed += purgatory.advance_key(key, value)
-        self._stats.completed += completed
+            completed += purgatory.advance_key(key, value)
+        if completed:
+            stats.completed += completed
         return completed
 
     def _apply_cancel(self, key: str) -> int:
@@ -809,8 +825,11 @@ class Fanout(BackendHost):
         self._start_reader()
 
     def _start_reader(self) -> None:
-        if self._to_read and (self._reader is None or self._reader.done()) and not self._stopped:
-            self._reader = asyncio.get_running_loop().create_task(self._read_stored())
+        loop = self._loop
+        if loop is None or self._stopped or not self._to_read:
+            return
+        if self._reader is None or self._reader.done():
+            self._reader = loop.create_task(self._read_stored())
 
     async def _read_stored(self) -> None:
         """Read the stored values of newly watched keys, in coalesced round trips, and apply
@@ -877,12 +896,14 @@ class Fanout(BackendHost):
         self._stats.resyncs += 1
         keys = self.watched_keys()
         completed = await self.refresh(keys)
-        for key in keys:
+        for i, key in enumerate(keys, 1):
             try:
                 completed += self._apply_check(key)
             except Exception as exc:
                 self._stats.apply_errors += 1
                 _log.error("fanout_apply_failed", key=key, error=repr(exc))
+            if i % READ_CHUNK == 0:
+                await asyncio.sleep(0)  # 100k watched keys must not stall the loop at once
         if completed:
             _log.info("fanout_resync_completed", keys=len(keys), completed=completed)
         return completed
@@ -893,7 +914,8 @@ class Fanout(BackendHost):
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_again = True
             return
-        self._resync_task = asyncio.get_running_loop().create_task(self._resync_loop())
+        if self._loop is not None:
+            self._resync_task = self._loop.create_task(self._resync_loop())
 
     async def _resync_loop(self) -> None:
         while True:

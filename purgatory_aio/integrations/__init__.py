@@ -20,11 +20,12 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, SupportsFloat, TypeVar
 
 from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory, PurgatoryStats
+from ..fanout import Fanout, ValueReached
 
 __all__ = [
     "ClientDisconnected",
@@ -35,6 +36,7 @@ __all__ = [
     "cancel_on_disconnect",
     "make_request_id",
     "never_disconnected",
+    "wait_for_value_until_disconnected",
     "watch_until_disconnected",
 ]
 
@@ -45,6 +47,7 @@ _GONE = "the client disconnected before the answer was ready"
 #: Registers ``callback`` to run once if the client disconnects; returns the function
 #: that unregisters it. Each framework module builds one per request.
 OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+"""Registers a callback run once the request's client disconnects; returns its remover."""
 
 
 class ClientDisconnected(Exception):
@@ -148,9 +151,11 @@ class Purgatories:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The purgatories' names, in the order they were added."""
         return tuple(self._by_name)
 
     def stats(self) -> list[PurgatoryStats]:
+        """Each purgatory's :meth:`~purgatory_aio.Purgatory.stats`, in the order added."""
         return [purgatory.stats() for purgatory in self]
 
     async def start(self) -> None:
@@ -179,6 +184,8 @@ async def watch_until_disconnected(
     op: DelayedOperation[R],
     keys: Iterable[Hashable],
     on_disconnect: OnDisconnect,
+    *,
+    threshold: SupportsFloat | None = None,
 ) -> R:
     """Watch ``op`` and return its result, withdrawing it if the client disconnects.
 
@@ -193,9 +200,14 @@ async def watch_until_disconnected(
         PurgatoryClosed: the purgatory is shut down.
 
     Whatever else ``op`` ends with (its ``on_complete`` raised, even
-    :class:`asyncio.CancelledError`) is raised as it is.
+    :class:`asyncio.CancelledError`) is raised as it is. With ``threshold``, ``op``
+    is watched with :meth:`Purgatory.watch_threshold` under the one key given.
     """
-    await purgatory.try_complete_else_watch(op, keys)
+    if threshold is None:
+        await purgatory.try_complete_else_watch(op, keys)
+    else:
+        (key,) = keys
+        await purgatory.watch_threshold(op, key, threshold)
     if op.done():
         return op.result()
     withdrawal = _Withdrawal(op)
@@ -221,6 +233,23 @@ async def watch_until_disconnected(
         raise  # op completed, and its on_complete raised this CancelledError
     finally:
         unsubscribe()
+
+
+async def wait_for_value_until_disconnected(
+    fanout: Fanout,
+    purgatory: Purgatory,
+    key: str,
+    threshold: SupportsFloat,
+    timeout: float,  # noqa: ASYNC109 - the operation's own deadline, enforced by the purgatory
+    on_disconnect: OnDisconnect,
+) -> float | None:
+    """:meth:`Fanout.wait_for_value <purgatory_aio.fanout.Fanout.wait_for_value>`, withdrawn
+    when the client disconnects, as :func:`watch_until_disconnected` withdraws its operation."""
+    op = ValueReached(fanout, key, threshold, timeout)
+    fanout.attach(purgatory)
+    return await watch_until_disconnected(
+        purgatory, op, (op.key,), on_disconnect, threshold=op.threshold
+    )
 
 
 class _Withdrawal:

@@ -26,7 +26,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, SupportsFloat, TypeVar
 
 try:
     import structlog
@@ -55,12 +55,14 @@ __all__ = [
     "OperationCancelled",
     "PurgatoryUnavailable",
     "cancel_on_disconnect",
+    "get_fanout",
     "get_purgatory",
     "metrics_handler",
     "on_disconnect",
     "purgatory_key",
     "request_context_middleware",
     "setup_purgatories",
+    "wait_for_value",
     "watch_and_wait",
 ]
 
@@ -100,6 +102,7 @@ def _http_errors() -> contextlib.AbstractContextManager[None]:
 
 #: The application's :class:`~purgatory_aio.integrations.Purgatories`.
 PURGATORIES: Final = web.AppKey("purgatory_aio.purgatories", Purgatories)
+"""The application key of every purgatory :func:`setup_purgatories` runs."""
 
 
 @functools.cache
@@ -111,6 +114,7 @@ def purgatory_key(name: str) -> web.AppKey[Purgatory]:
 
 #: The application's :class:`~purgatory_aio.fanout.Fanout`, when it has one.
 FANOUT: Final = web.AppKey("purgatory_aio.fanout", Fanout)
+"""The application key of the fan-out given to :func:`setup_purgatories`."""
 
 
 def setup_purgatories(
@@ -297,6 +301,43 @@ async def watch_and_wait(
     """
     with _http_errors():
         return await _common.watch_until_disconnected(purgatory, op, keys, on_disconnect(request))
+
+
+async def wait_for_value(
+    request: web.Request,
+    key: str,
+    threshold: SupportsFloat,
+    timeout: float,  # noqa: ASYNC109 - the operation's own deadline, enforced by the purgatory
+    *,
+    purgatory: Purgatory | None = None,
+    fanout: Fanout | None = None,
+) -> float | None:
+    """Wait until ``key``'s value reaches ``threshold`` in any process (the fan-out's
+    :meth:`~purgatory_aio.fanout.Fanout.wait_for_value`); withdraw the wait if the client
+    leaves. Returns the value, or None once ``timeout`` passed.
+
+    ``fanout`` defaults to the one given to :func:`setup_purgatories`, ``purgatory``
+    to the application's only purgatory.
+
+    Raises:
+        ClientDisconnected: (499) the client went away first.
+        OperationCancelled: (503) the wait was cancelled (a fan-out ``cancel(key)``).
+        PurgatoryUnavailable: (503) the purgatory is shut down.
+    """
+    fan = fanout if fanout is not None else get_fanout(request)
+    chosen = purgatory if purgatory is not None else get_purgatory(request)
+    with _http_errors():
+        return await _common.wait_for_value_until_disconnected(
+            fan, chosen, key, threshold, timeout, on_disconnect(request)
+        )
+
+
+def get_fanout(request: web.Request) -> Fanout:
+    """The fan-out given to :func:`setup_purgatories` (looked up through sub-applications)."""
+    fanout = request.config_dict.get(FANOUT)
+    if fanout is None:
+        raise RuntimeError("this application has no fan-out: pass fanout=... to setup_purgatories")
+    return fanout
 
 
 @asynccontextmanager

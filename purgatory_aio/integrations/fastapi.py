@@ -29,7 +29,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, SupportsFloat, TypeVar
 
 try:
     import structlog
@@ -64,10 +64,12 @@ __all__ = [
     "RequestContextMiddleware",
     "Server",
     "cancel_on_disconnect",
+    "get_fanout",
     "get_purgatories",
     "metrics_endpoint",
     "on_disconnect",
     "purgatory_dependency",
+    "wait_for_value",
     "watch_and_wait",
 ]
 
@@ -255,6 +257,7 @@ class Server(uvicorn.Server):
         self._purgatories = purgatories
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Shut the application's purgatories down (every client answered), then the server."""
         registry = self._purgatories
         if registry is None and self.config.loaded:
             registry = _find_purgatories(self.config.loaded_app)
@@ -372,6 +375,45 @@ async def watch_and_wait(
     """
     with _http_errors():
         return await _common.watch_until_disconnected(purgatory, op, keys, on_disconnect(request))
+
+
+async def wait_for_value(
+    request: Request,
+    key: str,
+    threshold: SupportsFloat,
+    timeout: float,  # noqa: ASYNC109 - the operation's own deadline, enforced by the purgatory
+    *,
+    purgatory: Purgatory | None = None,
+    fanout: Fanout | None = None,
+) -> float | None:
+    """Wait until ``key``'s value reaches ``threshold`` in any process (the fan-out's
+    :meth:`~purgatory_aio.fanout.Fanout.wait_for_value`); withdraw the wait if the client
+    leaves. Returns the value, or None once ``timeout`` passed.
+
+    ``fanout`` defaults to the one given to :class:`PurgatoryLifespan`, ``purgatory``
+    to the application's only purgatory.
+
+    Raises:
+        ClientDisconnected: (499) the client went away first.
+        OperationCancelled: (503) the wait was cancelled (a fan-out ``cancel(key)``).
+        PurgatoryUnavailable: (503) the purgatory is shut down.
+    """
+    fan = fanout if fanout is not None else get_fanout(request)
+    chosen = purgatory if purgatory is not None else get_purgatories(request).only()
+    with _http_errors():
+        return await _common.wait_for_value_until_disconnected(
+            fan, chosen, key, threshold, timeout, on_disconnect(request)
+        )
+
+
+def get_fanout(request: Request) -> Fanout:
+    """The fan-out given to the application's :class:`PurgatoryLifespan`."""
+    fanout = getattr(request.app.state, "fanout", None)
+    if not isinstance(fanout, Fanout):
+        raise RuntimeError(
+            "this application has no fan-out: pass fanout=... to PurgatoryLifespan(...)"
+        )
+    return fanout
 
 
 @asynccontextmanager

@@ -413,3 +413,26 @@ async def test_a_relaying_member_keeps_values_only_for_watched_keys(
             fb.advance(f"x{i}", 1)
         await until(lambda: fa.stats().received >= 5000)
         assert fa.value("x1") is None and a.watched_keys() == []
+
+
+# -- one index: the purgatory's ------------------------------------------------------------------
+
+
+async def test_operations_watched_on_the_purgatory_directly_are_caught_up(
+    redis_server: RedisServer, admin: aioredis.Redis
+) -> None:
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, RedisFanout(redis_server.url, a) as fa, RedisFanout(redis_server.url, b) as fb:
+        await fb.advance_confirmed("early", 1)
+        early = ValueReached(fa, "early", 1, 30)
+        await a.watch_threshold(early, "early", 1)  # not through the fan-out
+        await until(early.done)
+        assert early.result() == 1.0
+        late = ValueReached(fa, "gap", 1, 30)
+        await a.watch_threshold(late, "gap", 1)
+        await until(lambda: fa.stats().reads_pending == 0)
+        await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        # Stored while the subscription is cut, never published: only a resync finds it.
+        await admin.set(PREFIX + "gap", "1")
+        await until(late.done)
+        assert late.result() == 1.0 and fa.stats().resubscribes >= 1

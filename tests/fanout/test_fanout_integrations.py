@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 from aiohttp import web
-from fastapi import FastAPI
+from fanout_support import HANG_GUARD, until
+from fastapi import FastAPI, Request
+from http_support import serve_aiohttp, serve_asgi
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import MemoryFanout, MemoryHub
 from purgatory_aio.integrations.aiohttp import FANOUT, setup_purgatories
+from purgatory_aio.integrations.aiohttp import wait_for_value as aiohttp_wait_for_value
 from purgatory_aio.integrations.fastapi import PurgatoryLifespan
+from purgatory_aio.integrations.fastapi import wait_for_value as fastapi_wait_for_value
 
 
 async def test_fastapi_lifespan_runs_the_fanout_inside_the_purgatories() -> None:
@@ -39,3 +44,55 @@ async def test_aiohttp_cleanup_ctx_runs_the_fanout_inside_the_purgatories() -> N
     finally:
         await runner.cleanup()
     assert not fanout.stats().connected and purgatory.closed
+
+
+# -- the fan-out's waits in request handlers: withdrawn when the client goes away ----------------
+
+
+def fastapi_app(purgatory: Purgatory, fanout: MemoryFanout) -> FastAPI:
+    app = FastAPI(lifespan=PurgatoryLifespan(purgatory, fanout=fanout))
+
+    @app.get("/wait/{job}")
+    async def wait(request: Request, job: str) -> float | None:
+        return await fastapi_wait_for_value(request, job, 1, 30)
+
+    return app
+
+
+def aiohttp_app(purgatory: Purgatory, fanout: MemoryFanout) -> web.Application:
+    app = web.Application()
+    setup_purgatories(app, purgatory, fanout=fanout)
+
+    async def wait(request: web.Request) -> web.Response:
+        value = await aiohttp_wait_for_value(request, request.match_info["job"], 1, 30)
+        return web.json_response(value)
+
+    app.router.add_get("/wait/{job}", wait)
+    return app
+
+
+async def assert_withdrawn_then_answered(
+    purgatory: Purgatory, fanout: MemoryFanout, base: str
+) -> None:
+    async with httpx.AsyncClient(base_url=base, timeout=HANG_GUARD) as client:
+        poll = asyncio.ensure_future(client.get("/wait/gone"))
+        await until(lambda: purgatory.num_delayed == 1)
+        poll.cancel()  # the client goes away
+        await until(lambda: purgatory.num_delayed == 0)
+        assert purgatory.stats().cancelled == 1 and purgatory.stats().completed == 0
+        answered = asyncio.ensure_future(client.get("/wait/there"))
+        await until(lambda: purgatory.num_delayed == 1)
+        fanout.advance("there", 3)
+        assert (await answered).json() == 3.0
+
+
+async def test_a_fanout_wait_in_fastapi_is_withdrawn_when_the_client_disconnects() -> None:
+    purgatory, fanout = Purgatory("acks"), MemoryFanout()
+    async with serve_asgi(fastapi_app(purgatory, fanout)) as served:
+        await assert_withdrawn_then_answered(purgatory, fanout, served.url)
+
+
+async def test_a_fanout_wait_in_aiohttp_is_withdrawn_when_the_client_disconnects() -> None:
+    purgatory, fanout = Purgatory("acks"), MemoryFanout()
+    async with serve_aiohttp(aiohttp_app(purgatory, fanout)) as served:
+        await assert_withdrawn_then_answered(purgatory, fanout, served.url)

@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,27 +28,40 @@ pytestmark = pytest.mark.one_loop  # the servers are subprocesses; one client lo
 
 
 @dataclass
+class Engine:
+    url: str
+    freeze: Callable[[], None]  # SIGSTOP the engine's server (connections stay open)
+    thaw: Callable[[], None]
+
+
+@dataclass
 class Workers:
     base: str
-    url: str  # the engine's
+    engine: Engine
 
 
 @contextlib.contextmanager
-def engine_url(name: str, request: pytest.FixtureRequest) -> Iterator[str]:
+def engine_server(name: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
     if name == "redis":
         with RedisServer() as redis_server:
-            yield redis_server.url
+            assert redis_server.proc is not None
+            pid = redis_server.proc.pid
+            yield Engine(
+                redis_server.url,
+                lambda: os.kill(pid, signal.SIGSTOP),
+                lambda: os.kill(pid, signal.SIGCONT),
+            )
     else:
         cluster: PostgresServer = request.getfixturevalue("postgres_cluster")
         cluster.ensure_running()
-        yield cluster.url
+        yield Engine(cluster.url, cluster.freeze, cluster.thaw)
 
 
 @pytest.fixture(scope="module", params=["redis", "postgres"])
 def workers(request: pytest.FixtureRequest) -> Iterator[Workers]:
-    with engine_url(request.param, request) as url:
+    with engine_server(request.param, request) as engine:
         port = free_port()
-        env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": url}
+        env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": engine.url}
         args = [
             sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
             "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
@@ -62,7 +77,7 @@ def workers(request: pytest.FixtureRequest) -> Iterator[Workers]:
         )
         try:
             wait_for_port(port, timeout=30)
-            yield Workers(f"http://127.0.0.1:{port}", url)
+            yield Workers(f"http://127.0.0.1:{port}", engine)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -171,9 +186,116 @@ async def test_a_burst_of_10k_events_answers_10k_parked_polls_across_two_workers
         assert time.monotonic() < deadline, f"only {sum(pending.values())} polls parked"
         await parked()
         await asyncio.sleep(0.1)
-    async with fanout_from_url(workers.url) as publisher:
+    async with fanout_from_url(workers.engine.url) as publisher:
         for i in range(n):
             publisher.advance(f"job:burst-{i}", 1)
         results = await asyncio.gather(*polls)
     assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
     assert all(acked for _, acked in results)
+
+
+async def test_2000_polls_parked_across_two_workers_are_each_answered_once_by_acks(
+    workers: Workers, session: aiohttp.ClientSession
+) -> None:
+    n = 2000
+    base = workers.base
+
+    async def wait(i: int) -> tuple[int, bool]:
+        async with session.get(f"{base}/jobs/two-{i}/wait?timeout_ms=40000") as response:
+            body = await response.json()
+            return i, bool(body["acked"])
+
+    polls = [asyncio.create_task(wait(i)) for i in range(n)]
+    await parked_in_both(base, n)
+
+    async def ack(i: int) -> int:
+        async with session.post(f"{base}/jobs/two-{i}/ack") as response:
+            return response.status
+
+    statuses = []
+    for start in range(0, n, 200):
+        statuses += await asyncio.gather(*(ack(i) for i in range(start, start + 200)))
+    assert statuses == [202] * n  # each stored before it was answered
+    results = await asyncio.gather(*polls)
+    assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
+    assert all(acked for _, acked in results)
+
+
+async def parked_in_both(base: str, n: int) -> None:
+    """Until ``n`` polls are pending across the two workers."""
+    pending: dict[int, int] = {}
+    deadline = time.monotonic() + HANG_GUARD * 2
+    while len(pending) < 2 or sum(pending.values()) < n:
+        assert time.monotonic() < deadline, f"only {sum(pending.values())} polls parked"
+        # Fresh connections land on either worker: keep the latest count of each.
+        async with aiohttp.ClientSession() as probe, probe.get(f"{base}/fanout/stats") as r:
+            stats = await r.json()
+        pending[stats["worker"]] = stats["pending"]
+        await asyncio.sleep(0.05)
+
+
+async def test_an_ack_that_cannot_be_stored_is_answered_503_with_retry_after(
+    workers: Workers, session: aiohttp.ClientSession
+) -> None:
+    workers.engine.freeze()
+    try:
+        async with session.post(f"{workers.base}/jobs/frozen/ack") as response:
+            assert response.status == 503
+            assert response.headers["Retry-After"] == "1"
+            assert "not stored" in (await response.json())["detail"]
+    finally:
+        workers.engine.thaw()
+    deadline = time.monotonic() + HANG_GUARD
+    while True:  # after the thaw the same ack is taken
+        async with session.post(f"{workers.base}/jobs/frozen/ack") as response:
+            if response.status == 202:
+                break
+        assert time.monotonic() < deadline, "acks still refused after the engine came back"
+        await asyncio.sleep(0.2)
+
+
+def test_a_worker_started_against_another_service_says_so_in_one_line() -> None:
+    """An HTTP port given as the Redis URL: one FanoutUnavailable line, no redis-py traceback."""
+    with socket.socket() as http:
+        http.bind(("127.0.0.1", 0))
+        http.listen(16)
+        port = http.getsockname()[1]
+        stop = threading.Event()
+
+        def answer_http() -> None:
+            http.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    conn, _ = http.accept()
+                except OSError:
+                    continue
+                with conn, contextlib.suppress(OSError):
+                    conn.recv(1000)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+        thread = threading.Thread(target=answer_http, daemon=True)
+        thread.start()
+        try:
+            url = f"redis://:hunter2@127.0.0.1:{port}/0"
+            args = [
+                sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
+                "--port", str(free_port()), "--host", "127.0.0.1",
+            ]  # fmt: skip
+            result = subprocess.run(
+                args,
+                cwd=ROOT,
+                env={**os.environ, "PURGATORY_AIO_REDIS_URL": url},
+                capture_output=True,
+                text=True,
+                timeout=HANG_GUARD * 2,
+            )
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    lines = [line for line in output.splitlines() if "FanoutUnavailable: " in line]
+    assert len(lines) == 1, output
+    assert f"127.0.0.1:{port}" in lines[0] and "another service" in lines[0]
+    assert "hunter2" not in output
+    assert "InvalidResponse" not in output and "/redis/" not in output, output
