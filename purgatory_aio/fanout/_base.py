@@ -219,7 +219,9 @@ class FanoutBackend(ABC):
     * :meth:`read` returns the stored values of ``keys`` (keys with none, or with
       a value that is not a number, left out; report the latter to
       ``host.foreign_value``), or raises when the engine cannot be read.
-    * :meth:`subscribe` runs until cancelled: it receives every channel message
+    * :meth:`subscribe` runs until cancelled or ``host.listening`` turns False (a
+      client library may swallow a cancellation: test both after each wait, and
+      ``asyncio.current_task().cancelling()`` too): it receives every channel message
       and hands it to ``host.deliver``; it reconnects by itself after an error,
       reporting ``host.down(exc)``; and it calls ``host.subscribed()`` each time
       the subscription is (re)established, which is when the fan-out re-reads
@@ -265,6 +267,11 @@ class FanoutBackend(ABC):
 
 class BackendHost(ABC):
     """What a backend reports to its fan-out (:class:`Fanout` is the only host)."""
+
+    @property
+    @abstractmethod
+    def listening(self) -> bool:
+        """False once the fan-out is stopping: :meth:`FanoutBackend.subscribe` returns."""
 
     @abstractmethod
     def deliver(self, message: str | bytes) -> None:
@@ -648,6 +655,10 @@ class Fanout(BackendHost):
 
     # -- connection state (BackendHost) ----------------------------------------------------------
 
+    @property
+    def listening(self) -> bool:
+        return not self._closing
+
     def down(self, exc: BaseException) -> None:
         if self._down_since is None:
             self._down_since = time.monotonic()
@@ -886,7 +897,7 @@ class Fanout(BackendHost):
         completed = 0
         for start in range(0, len(wanted), READ_CHUNK):
             values = await self._read(wanted[start : start + READ_CHUNK])
-            if values is None:
+            if values is None or self._closing:
                 return completed
             completed += self._apply_values(values)
         return completed

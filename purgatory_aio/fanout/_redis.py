@@ -268,13 +268,16 @@ class RedisBackend(FanoutBackend):
     async def subscribe(self, host: BackendHost) -> None:
         pubsub = self._pubsub
         assert pubsub is not None
+        task = asyncio.current_task()
         backoff = 0.05
-        while True:
+        while host.listening:
             try:
                 message = await pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if not host.listening:
+                    return
                 # A dropped connection (redis-py reconnects and resubscribes on the next call)
                 # or a reply it cannot parse: either way, listen again after a pause.
                 host.down(exc)
@@ -286,6 +289,9 @@ class RedisBackend(FanoutBackend):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
+            if task is not None and task.cancelling():
+                # redis-py's wait_for swallowed our cancellation (Python 3.11): honour it.
+                raise asyncio.CancelledError
             backoff = 0.05
             if message is None:
                 continue

@@ -9,9 +9,10 @@ bound; what could not be delivered is counted; nothing confirmed is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -21,11 +22,16 @@ from fanout_support import Flag, RedisServer, until
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import (
     ABANDON_AFTER,
+    BackendHost,
+    Event,
+    Fanout,
     FanoutUnavailable,
     MemoryFanout,
+    MemoryHub,
     RedisFanout,
     ValueReached,
 )
+from purgatory_aio.fanout._memory import MemoryBackend
 
 PREFIX = "purgatory_aio:value:"
 
@@ -436,3 +442,46 @@ async def test_operations_watched_on_the_purgatory_directly_are_caught_up(
         await admin.set(PREFIX + "gap", "1")
         await until(late.done)
         assert late.result() == 1.0 and fa.stats().resubscribes >= 1
+
+
+class Stubborn(MemoryBackend):
+    """A backend whose waits swallow cancellation, as redis-py's wait_for does on 3.11."""
+
+    async def subscribe(self, host: BackendHost) -> None:
+        host.subscribed()
+        while host.listening:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+
+    async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
+        try:
+            await asyncio.sleep(0.3)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)
+        return await super().store_and_publish(events)
+
+
+async def test_stop_is_bounded_and_leaves_no_task_behind_when_cancellation_is_swallowed(
+    loop_errors: list[dict[str, Any]],
+) -> None:
+    async with Purgatory("a") as a:
+        fanout = Fanout(Stubborn(MemoryHub()), a)
+        await fanout.start()
+        for i in range(100):
+            fanout.advance(f"k{i}", i)
+        await asyncio.sleep(0.01)  # a batch is in flight
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await fanout.stop(flush_timeout=0.1)
+        assert loop.time() - started < 0.1 + 2 * ABANDON_AFTER + 0.3
+        assert fanout.stats().undelivered == 100
+        await until(
+            lambda: (
+                not [
+                    t
+                    for t in asyncio.all_tasks()
+                    if t.get_name().startswith("purgatory_aio.fanout") and not t.done()
+                ]
+            )
+        )
+    assert loop_errors == []
