@@ -455,8 +455,10 @@ class PostgresBackend(FanoutBackend):
     # -- subscribing -----------------------------------------------------------------------------
 
     async def subscribe(self, host: BackendHost) -> None:
+        # asyncpg honours cancellation; host.listening ends the loop all the same once the
+        # fan-out stops, as the interface asks of every backend.
         backoff = 0.05
-        while True:
+        while host.listening:
             if self._listener is None or self._listener.is_closed():
                 self._drop_listener()
                 try:
