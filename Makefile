@@ -67,6 +67,9 @@ wheel: $(DIST)/compiled/.built $(DIST)/pure/.built $(DIST)/examples/.built
 define install_into
 	@# The fan-out tests start a real redis-server (Debian's package) on a free port.
 	command -v redis-server >/dev/null || { apt-get update && apt-get install -y redis-server; }
+	@# ... and a real PostgreSQL (initdb from Debian's package, which keeps it off PATH).
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { apt-get update && apt-get install -y postgresql; }
 	$(1)/bin/python -m pip install --quiet --force-reinstall --no-deps \
 	  $(DIST)/$(2)/*.whl $(DIST)/examples/*.whl
 	$(1)/bin/python -m pip install --quiet \

@@ -7,7 +7,7 @@ python -m bench w5 --leak 1000000 # memory held over 1M operations (tracemalloc)
 python -m bench report            # SUMMARY.md and charts from existing records
 python -m bench http ...          # bench.http, handler/HTTP benchmarks
 python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmarks
-python -m bench fanout [--quick]  # bench.fanout, cross-process completion through Redis
+python -m bench fanout [--quick]  # bench.fanout, completion across processes, Redis, PostgreSQL
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
 python -m bench proto-timer       # bench.proto_timer, W3 on a C prototype of the timer core
@@ -30,7 +30,10 @@ from ._common import RESULTS_DIR, Progress, Record, mark_quick, quiet_logs, reso
 DELEGATED = {
     "http": ("bench.http", "HTTP and request-handler benchmarks (naive-handler vs purgatory)"),
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
-    "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
+    "fanout": (
+        "bench.fanout",
+        "cross-process completion through Redis and PostgreSQL vs broadcaster",
+    ),
     "kafka": (
         "bench.kafka",
         "librdkafka clients against purgatory-broker (acks=1/all, idempotent)",

@@ -10,8 +10,8 @@ In one run, on asyncio and uvloop:
   fan-out within 2x of ``advance_key``, and flat in the number of watchers
   (O(log n + k) per advance, as in one process).
 
-Then for each engine (``--engine``; Redis is built in, on a redis-server started
-on a free port from Debian's package):
+Then for each engine (``--engine``: Redis and PostgreSQL, each a real server
+started on a free port from Debian's package):
 
 * **latency**: one operation parked, completed by an event; the time from the
   event being raised to the waiting task resuming. In-process
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import Fanout, MemoryFanout, RedisFanout, ValueReached
+from purgatory_aio.fanout import Fanout, MemoryFanout, PostgresFanout, RedisFanout, ValueReached
 from purgatory_aio.fanout._base import ADVANCE, encode
 
 from ._common import (
@@ -80,13 +80,15 @@ class Engine:
     ``server`` starts a private server and yields its URL; ``fanout`` builds a
     fan-out on it (``url``, the purgatories, ``subscribe``); ``broadcaster_url``
     maps the URL to the one encode's broadcaster takes (None: no broadcaster
-    contender); ``extra`` measures what only this engine has (a dict of figures).
+    contender); ``broadcaster_serial``: its backend takes one publish at a time;
+    ``extra`` measures what only this engine has (a dict of figures).
     """
 
     name: str
     server: Callable[[], contextlib.AbstractContextManager[str]]
     fanout: Callable[[str, tuple[Purgatory, ...], bool], Fanout]
     broadcaster_url: Callable[[str], str] | None = None
+    broadcaster_serial: bool = False
     extra: Callable[[str, int], Awaitable[dict[str, float]]] | None = None
 
 
@@ -261,6 +263,10 @@ async def _through_engine(engine: Engine, url: str, samples: int, events: int) -
                 latency[f"broadcaster_{name}"] = await _latency(a, fa, bc_trigger, samples)
 
                 async def bc_publish(keys: list[str]) -> None:
+                    if engine.broadcaster_serial:
+                        for key in keys:
+                            await broadcast.publish(channel="bench", message=key)
+                        return
                     # Concurrent publishes, as concurrent handlers would issue them.
                     for start in range(0, len(keys), 64):
                         chunk = keys[start : start + 64]
@@ -287,16 +293,19 @@ async def _through_engine(engine: Engine, url: str, samples: int, events: int) -
 # -- Redis ---------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _redis_server() -> Iterator[str]:
-    # The test helper is the one place that knows how to run redis-server; reuse it.
+def _test_support(module: str) -> Any:
+    # The test helpers are the one place that knows how to run each server; reuse them.
     import importlib
     import sys
 
     tests = Path(__file__).resolve().parent.parent / "tests"
     sys.path[:0] = [str(tests / "fanout"), str(tests)]
-    support: Any = importlib.import_module("fanout_support")
-    with support.RedisServer() as server:
+    return importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def _redis_server() -> Iterator[str]:
+    with _test_support("fanout_support").RedisServer() as server:
         yield server.url
 
 
@@ -342,6 +351,20 @@ async def _subscription_cost(url: str, n: int) -> dict[str, float]:
         await client.aclose()
 
 
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _postgres_server() -> Iterator[str]:
+    with _test_support("pg_support").PostgresServer() as server:
+        yield server.url
+
+
+def _postgres_fanout(url: str, purgatories: tuple[Purgatory, ...], subscribe: bool) -> Fanout:
+    # A table of its own per run (Redis keys carry the run in their names instead).
+    return PostgresFanout(url, *purgatories, subscribe=subscribe, prefix=f"bench_{RUN}")
+
+
 ENGINES: dict[str, Engine] = {
     "redis": Engine(
         name="redis",
@@ -349,6 +372,15 @@ ENGINES: dict[str, Engine] = {
         fanout=_redis_fanout,
         broadcaster_url=lambda url: url,
         extra=_subscription_cost,
+    ),
+    "postgres": Engine(
+        name="postgres",
+        server=_postgres_server,
+        fanout=_postgres_fanout,
+        broadcaster_url=lambda url: url,
+        # broadcaster's PostgreSQL backend publishes on its one asyncpg connection, which
+        # runs one statement at a time: concurrent publishes fail there.
+        broadcaster_serial=True,
     ),
 }
 

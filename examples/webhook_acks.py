@@ -3,13 +3,19 @@
 A client starts a job elsewhere and long-polls ``GET /jobs/{id}/wait`` until
 the job's webhook arrives as ``POST /jobs/{id}/ack``. Under several worker
 processes the ack usually lands in another worker than the wait: the fan-out
-(Redis pub/sub, with the acks stored so nothing is lost across reconnections)
+(Redis pub/sub or PostgreSQL LISTEN/NOTIFY, with the acks stored so nothing is
+lost across reconnections)
 completes the wait wherever it is parked.
 
 Run it against a local Redis::
 
     redis-server --port 6379 --save '' --appendonly no &
-    PURGATORY_AIO_REDIS_URL=redis://127.0.0.1:6379/0 \\
+    PURGATORY_AIO_FANOUT_URL=redis://127.0.0.1:6379/0 \\
+        uvicorn examples.webhook_acks:app --workers 4 --port 8000
+
+or against PostgreSQL (the values live in a table the first worker creates)::
+
+    PURGATORY_AIO_FANOUT_URL=postgresql://user:password@127.0.0.1:5432/db \\
         uvicorn examples.webhook_acks:app --workers 4 --port 8000
 
     curl 'localhost:8000/jobs/42/wait?timeout_ms=30000' &   # parks in some worker
@@ -33,7 +39,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import Fanout, FanoutUnavailable, MemoryFanout
+from purgatory_aio.fanout import ENV_FANOUT_URL, Fanout, FanoutUnavailable, fanout_from_url
 from purgatory_aio.integrations.fastapi import (
     PurgatoryLifespan,
     purgatory_dependency,
@@ -49,13 +55,16 @@ PurgatoryDep = Annotated[Purgatory, Depends(purgatory_dependency())]
 
 
 def make_fanout(url: str | None = None) -> Fanout:
-    """Redis at ``url`` (or ``$PURGATORY_AIO_REDIS_URL``); ``memory`` for one process alone."""
-    chosen = url or os.environ.get("PURGATORY_AIO_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    if chosen == "memory":
-        return MemoryFanout()
-    from purgatory_aio.fanout import RedisFanout
-
-    return RedisFanout(chosen)
+    """The engine ``url`` names: ``redis://...``, ``postgresql://...``, or ``memory`` for one
+    process alone. Without one: ``$PURGATORY_AIO_FANOUT_URL``, else
+    ``$PURGATORY_AIO_REDIS_URL``, else a Redis on localhost."""
+    chosen = (
+        url
+        or os.environ.get(ENV_FANOUT_URL)
+        or os.environ.get("PURGATORY_AIO_REDIS_URL")
+        or "redis://127.0.0.1:6379/0"
+    )
+    return fanout_from_url("memory://" if chosen == "memory" else chosen)
 
 
 def make_app(fanout: Fanout | None = None) -> FastAPI:

@@ -2,8 +2,9 @@
 
 A fan-out is a :class:`Fanout` over a :class:`FanoutBackend` (the engine).
 ``MemoryFanout`` (one process, tests) needs nothing more; ``RedisFanout`` needs
-the ``redis`` extra (``pip install 'purgatory-aio[redis]'``) and is imported
-only when used.
+the ``redis`` extra (``pip install 'purgatory-aio[redis]'``) and ``PostgresFanout``
+the ``postgres`` extra (``pip install 'purgatory-aio[postgres]'``); each is
+imported only when used. ``fanout_from_url`` picks one by URL.
 """
 
 from __future__ import annotations
@@ -19,15 +20,19 @@ from ._base import FanoutStats as FanoutStats
 from ._base import FanoutUnavailable as FanoutUnavailable
 from ._base import MalformedMessage as MalformedMessage
 from ._base import ValueReached as ValueReached
+from ._factory import ENV_FANOUT_URL as ENV_FANOUT_URL
+from ._factory import fanout_from_url as fanout_from_url
 from ._memory import MemoryFanout as MemoryFanout
 from ._memory import MemoryHub as MemoryHub
 
 if TYPE_CHECKING:
+    from ._postgres import PostgresFanout as PostgresFanout
     from ._redis import ENV_URL as ENV_URL
     from ._redis import RedisFanout as RedisFanout
 
 __all__ = [
     "ABANDON_AFTER",
+    "ENV_FANOUT_URL",
     "ENV_URL",
     "BackendHost",
     "Event",
@@ -38,15 +43,21 @@ __all__ = [
     "MalformedMessage",
     "MemoryFanout",
     "MemoryHub",
+    "PostgresFanout",
     "RedisFanout",
     "ValueReached",
+    "fanout_from_url",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # The Redis backend imports redis-py, an optional extra: load it on first use only.
+    # The engines import their clients, optional extras: load them on first use only.
     if name in ("RedisFanout", "ENV_URL"):
         from . import _redis
 
         return getattr(_redis, name)
+    if name == "PostgresFanout":
+        from . import _postgres
+
+        return _postgres.PostgresFanout
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

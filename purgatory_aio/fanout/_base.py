@@ -125,7 +125,7 @@ _INF: Final = float("inf")
 
 
 def check_key(key: object, max_bytes: int | None = None) -> str:
-    """A key the fan-out can carry: a non-empty str that encodes as UTF-8."""
+    """A key the fan-out can carry: a non-empty str that encodes as UTF-8, without NUL."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"fan-out keys are non-empty str (they name channels), got {key!r}")
     try:
@@ -135,6 +135,10 @@ def check_key(key: object, max_bytes: int | None = None) -> str:
             f"fan-out key {key!r} cannot be sent: it is not valid text "
             f"({exc.reason} at index {exc.start})"
         ) from None
+    if "\x00" in key:
+        # PostgreSQL's text cannot hold NUL; refused on every engine, so that a key that
+        # works on one works on all.
+        raise ValueError(f"fan-out key {key!r} contains NUL (\\x00), which keys may not")
     if max_bytes is not None and size > max_bytes:
         raise ValueError(
             f"fan-out key {key[:40]!r}... is {size} bytes in UTF-8; the engine carries at most "

@@ -28,7 +28,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 try:
     import redis.asyncio as aioredis
@@ -52,6 +52,7 @@ from ._base import (
     FanoutUnavailable,
     check_seconds,
 )
+from ._urls import redacted
 
 if TYPE_CHECKING:
     from redis.asyncio.client import PubSub
@@ -94,16 +95,6 @@ def _password(url: str) -> str | None:
         return urlsplit(url).password
     except ValueError:
         return None
-
-
-def redacted(url: str) -> str:
-    """``url`` with its password replaced, for messages and logs."""
-    parts = urlsplit(url)
-    if _password(url) is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def resolve_url(url: str | None) -> str:

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
+from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
+from pg_support import PostgresServer
 
 
 @pytest.fixture
@@ -11,3 +15,45 @@ def redis_server() -> Iterator[RedisServer]:
     """A fresh redis-server per test (the outage tests kill it)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (initdb costs seconds); use ``postgres``."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres(postgres_cluster: PostgresServer) -> PostgresServer:
+    """The session's PostgreSQL, running (a test before may have frozen or killed it)."""
+    postgres_cluster.ensure_running()
+    return postgres_cluster
+
+
+@pytest.fixture(scope="session")
+def redis_shared() -> Iterator[RedisServer]:
+    """One redis-server for the tests that do not stop it (each under a prefix of its own)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """Each engine in turn; its server is started on first use and shared by the session."""
+    if request.param == "redis":
+        return redis_engine(request.getfixturevalue("redis_shared"))
+    if request.param == "postgres":
+        return postgres_engine(request.getfixturevalue("postgres"))
+    return memory_engine()
+
+
+@pytest.fixture
+async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """What the running loop's exception handler receives ("never retrieved" and friends)."""
+    seen: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    yield seen
+    loop.set_exception_handler(previous)

@@ -37,17 +37,6 @@ PREFIX = "purgatory_aio:value:"
 
 
 @pytest.fixture
-async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
-    """What the running loop's exception handler receives ("never retrieved" and friends)."""
-    seen: list[dict[str, Any]] = []
-    loop = asyncio.get_running_loop()
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: seen.append(context))
-    yield seen
-    loop.set_exception_handler(previous)
-
-
-@pytest.fixture
 async def admin(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.from_url(redis_server.url)
     try:

@@ -1,4 +1,5 @@
-"""The webhook-acks example under real ``uvicorn --workers 2`` against a real redis-server."""
+"""The webhook-acks example under real ``uvicorn --workers 2``, against a real redis-server and
+a real PostgreSQL (the engine chosen by the URL alone)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,56 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 from fanout_support import HANG_GUARD, RedisServer, free_port, wait_for_port
+from pg_support import PostgresServer
 
-from purgatory_aio.fanout import RedisFanout
+from purgatory_aio.fanout import fanout_from_url
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.one_loop  # the servers are subprocesses; one client loop is enough
 
 
 @dataclass
+class Engine:
+    url: str
+    freeze: Callable[[], None]  # SIGSTOP the engine's server (connections stay open)
+    thaw: Callable[[], None]
+
+
+@dataclass
 class Workers:
     base: str
-    redis_url: str
-    redis_pid: int
+    engine: Engine
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[Workers]:
-    with RedisServer() as redis_server:
+@contextlib.contextmanager
+def engine_server(name: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    if name == "redis":
+        with RedisServer() as redis_server:
+            assert redis_server.proc is not None
+            pid = redis_server.proc.pid
+            yield Engine(
+                redis_server.url,
+                lambda: os.kill(pid, signal.SIGSTOP),
+                lambda: os.kill(pid, signal.SIGCONT),
+            )
+    else:
+        cluster: PostgresServer = request.getfixturevalue("postgres_cluster")
+        cluster.ensure_running()
+        yield Engine(cluster.url, cluster.freeze, cluster.thaw)
+
+
+@pytest.fixture(scope="module", params=["redis", "postgres"])
+def workers(request: pytest.FixtureRequest) -> Iterator[Workers]:
+    with engine_server(request.param, request) as engine:
         port = free_port()
-        env = {**os.environ, "PURGATORY_AIO_REDIS_URL": redis_server.url}
+        env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": engine.url}
         args = [
             sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
             "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
@@ -52,8 +77,7 @@ def workers() -> Iterator[Workers]:
         )
         try:
             wait_for_port(port, timeout=30)
-            assert redis_server.proc is not None
-            yield Workers(f"http://127.0.0.1:{port}", redis_server.url, redis_server.proc.pid)
+            yield Workers(f"http://127.0.0.1:{port}", engine)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -162,7 +186,7 @@ async def test_a_burst_of_10k_events_answers_10k_parked_polls_across_two_workers
         assert time.monotonic() < deadline, f"only {sum(pending.values())} polls parked"
         await parked()
         await asyncio.sleep(0.1)
-    async with RedisFanout(workers.redis_url) as publisher:
+    async with fanout_from_url(workers.engine.url) as publisher:
         for i in range(n):
             publisher.advance(f"job:burst-{i}", 1)
         results = await asyncio.gather(*polls)
@@ -213,21 +237,20 @@ async def parked_in_both(base: str, n: int) -> None:
 async def test_an_ack_that_cannot_be_stored_is_answered_503_with_retry_after(
     workers: Workers, session: aiohttp.ClientSession
 ) -> None:
-    redis_pid = workers.redis_pid
-    os.kill(redis_pid, signal.SIGSTOP)
+    workers.engine.freeze()
     try:
         async with session.post(f"{workers.base}/jobs/frozen/ack") as response:
             assert response.status == 503
             assert response.headers["Retry-After"] == "1"
             assert "not stored" in (await response.json())["detail"]
     finally:
-        os.kill(redis_pid, signal.SIGCONT)
+        workers.engine.thaw()
     deadline = time.monotonic() + HANG_GUARD
     while True:  # after the thaw the same ack is taken
         async with session.post(f"{workers.base}/jobs/frozen/ack") as response:
             if response.status == 202:
                 break
-        assert time.monotonic() < deadline, "acks still refused after Redis came back"
+        assert time.monotonic() < deadline, "acks still refused after the engine came back"
         await asyncio.sleep(0.2)
 
 

@@ -1,0 +1,560 @@
+"""The PostgreSQL backend: a table of latest values, NOTIFY as the hint, LISTEN per process.
+
+Needs the ``postgres`` extra (``pip install 'purgatory-aio[postgres]'``), which
+brings **asyncpg**. Chosen over psycopg 3 because it hands each notification to a
+callback on the connection as it arrives, with no polling task and no
+``notifies()`` generator to keep alive; it tells the application when a
+connection ends (termination listeners), which is what a reconnection with
+resync hangs on; it needs no libpq, so the wheel installs the same everywhere;
+and it is the driver ``broadcaster`` uses too, so ``python -m bench fanout``
+compares the two designs on the same driver.
+
+* **The store is the truth.** One table, ``<prefix>_values (key, value,
+  updated_at)``, holds the latest value of every advanced key. An advance is
+  one statement: an upsert that raises the stored value to the greater of the
+  two (a value that is not a number, or NULL, written by someone else is
+  replaced) and, only when it raised it, ``pg_notify`` on ``<prefix>_events``.
+  Checks and cancels are a ``pg_notify`` alone. A batch is one atomic
+  ``executemany``, so its notifications leave at its commit, in order (two
+  identical notifications in one transaction are merged by PostgreSQL, which
+  is harmless for idempotent events). If the server refuses one statement of a
+  batch (a table someone changed), the batch is sent again one event at a time
+  and only the refused events are reported.
+* **One LISTEN connection per process**, for however many keys it watches,
+  beside one that publishes and one that reads stored values (a slow read
+  never costs the subscription). PostgreSQL does not reconnect by itself: the
+  subscription reconnects with backoff when its connection ends (asyncpg's
+  termination listener) or stops answering a health probe, listens again, and
+  then the fan-out re-reads every watched key.
+* **Bounded waits everywhere.** Connecting, each statement and each probe have
+  a timeout; a statement that timed out leaves its connection closed (the next
+  use reconnects), so a frozen server never holds a publisher, a read or
+  ``stop()``.
+* **Rows do not accumulate.** Values not raised for ``value_ttl`` seconds are
+  deleted by whichever member publishes, at most every few minutes (the table
+  only grows through publishing).
+
+LISTEN needs a server session of its own: point the URL at the server, or at a
+pooler in session mode (a transaction-mode pooler runs the LISTEN on a server
+session it then lends to other clients, and its notifications never reach this
+process).
+
+Limits of the engine, refused at the call: a key is at most
+:data:`MAX_KEY_BYTES` bytes of UTF-8 (the primary key's index entry and the
+8000-byte NOTIFY payload must hold it), and PostgreSQL's text cannot hold NUL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlsplit
+
+try:
+    import asyncpg
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "purgatory_aio.fanout.PostgresFanout needs asyncpg: install the extra: "
+        "pip install 'purgatory-aio[postgres]'"
+    ) from exc
+
+from .._logging import get_logger
+from .._purgatory import Purgatory
+from ._base import (
+    ADVANCE,
+    BackendHost,
+    Event,
+    Fanout,
+    FanoutBackend,
+    FanoutUnavailable,
+    check_seconds,
+)
+from ._urls import redacted
+
+_log = get_logger("purgatory_aio.fanout.postgres")
+
+#: The environment variable read when no URL is given.
+ENV_URL: Final = "PURGATORY_AIO_POSTGRES_URL"
+
+#: The longest key, in UTF-8 bytes: a btree entry holds at most about 2700 bytes, and the
+#: NOTIFY payload (the key plus about 40 bytes) at most 7999.
+MAX_KEY_BYTES: Final = 2000
+
+SCHEMES: Final = ("postgresql", "postgres")
+
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+
+#: Shown in pg_stat_activity, so an operator (or a test) can tell the connections apart.
+LISTEN_APPLICATION: Final = "purgatory_aio fanout listen"
+WRITE_APPLICATION: Final = "purgatory_aio fanout write"
+READ_APPLICATION: Final = "purgatory_aio fanout read"
+
+# Errors after which a connection is not to be used again (asyncpg's own InterfaceError
+# covers "connection is closed"; its DataError, raised before sending, is a PostgresError).
+_CONNECTION_ERRORS: Final = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,  # shutdown, terminated backend, starting up
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # credentials changed
+)
+
+# At most this many expired rows go per clean-up statement, and clean-ups run at most this
+# often (seconds): a publisher never spends long on them.
+_EXPIRE_ROWS: Final = 10_000
+_EXPIRE_EVERY: Final = 300.0
+
+
+class EngineUnreachable(ConnectionError):
+    """The connection to PostgreSQL failed or was closed (the fan-out retries)."""
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL to use: ``url``, else ``$PURGATORY_AIO_POSTGRES_URL``; checked for the mistakes
+    that can be seen without connecting (a clear ``ValueError``)."""
+    chosen = url if url is not None else os.environ.get(ENV_URL)
+    if not chosen:
+        raise ValueError(
+            "no PostgreSQL URL: pass url='postgresql://user:password@host:5432/db' "
+            f"or set ${ENV_URL}"
+        )
+    if not isinstance(chosen, str):
+        raise TypeError(f"the PostgreSQL URL must be a str, got {type(chosen).__name__}")
+    shown = redacted(chosen)
+    try:
+        parts = urlsplit(chosen)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a usable PostgreSQL URL: {shown!r} ({exc})") from None
+    if port == 0:
+        raise ValueError(f"the PostgreSQL URL {shown!r} has port 0: expected 1 to 65535")
+    if parts.scheme.lower() not in SCHEMES or not chosen.lower().startswith(f"{parts.scheme}://"):
+        raise ValueError(
+            f"not a PostgreSQL URL: {shown!r} (expected postgresql://user:password@host:5432/db"
+            " or postgres://...)"
+        )
+    query = dict(parse_qsl(parts.query))
+    if not parts.hostname and "host" not in query:
+        raise ValueError(f"the PostgreSQL URL {shown!r} names no host")
+    return chosen
+
+
+def check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            "prefix must be 1-40 lowercase letters, digits or '_' (not starting with a digit): "
+            f"it names a table and a channel; got {prefix!r}"
+        )
+    return prefix
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _lost(exc: BaseException, conn: Any) -> bool:
+    """Whether ``exc`` means the connection ``conn`` is not to be used again."""
+    return (
+        isinstance(exc, (*_CONNECTION_ERRORS, asyncio.CancelledError))
+        or conn is None
+        or conn.is_closed()
+    )
+
+
+def _give_up_if_lost(exc: BaseException, conn: Any, drop: Callable[[], None], doing: str) -> None:
+    """After ``exc`` on ``conn``: if the connection is not to be used again, ``drop()`` it and
+    raise (the cancellation itself, or :class:`EngineUnreachable`, which the fan-out retries);
+    otherwise return (the server refused the statement)."""
+    if _lost(exc, conn):
+        drop()
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        raise EngineUnreachable(f"{doing}: {exc!r}") from None
+
+
+def describe(exc: BaseException, timeout: float) -> str:
+    """What went wrong while connecting, in the words of someone configuring a URL."""
+    if isinstance(exc, FanoutUnavailable):
+        return str(exc)
+    if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+        return f"it refused the credentials: {exc} (check the user and password in the URL)"
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        return f"{exc} (check the database name in the URL)"
+    if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
+        return f"the user may not create or use the fan-out's table: {exc}"
+    if isinstance(exc, ConnectionRefusedError):
+        return "nothing listens there (connection refused)"
+    if isinstance(exc, TimeoutError):
+        return f"no PostgreSQL answer within {timeout:g} s (is that a PostgreSQL server?)"
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"the server refused: {exc}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"cannot connect: {exc.strerror or exc}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"the server there does not answer as PostgreSQL does ({text})"
+
+
+class PostgresBackend(FanoutBackend):
+    """The PostgreSQL engine of a :class:`PostgresFanout` (see the module docstring)."""
+
+    network_errors = (OSError, TimeoutError)  # EngineUnreachable is a ConnectionError
+    max_key_bytes = MAX_KEY_BYTES
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "purgatory_aio",
+        value_ttl: float = 86400.0,
+        connect_timeout: float = 2.0,
+        command_timeout: float = 5.0,
+        health_interval: float = 10.0,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.prefix = check_prefix(prefix)
+        self.table = f"{prefix}_values"
+        self.channel = f"{prefix}_events"
+        self._ttl = value_ttl
+        self._connect_timeout = connect_timeout
+        self._command_timeout = command_timeout
+        self._health_interval = health_interval
+        table = _quote(self.table)
+        # One statement for every kind of event, so a batch is one executemany and its
+        # notifications keep the order of the events. $1 kind, $2 key, $3 value, $4 message.
+        self._publish_sql = f"""
+            WITH raised AS (
+                INSERT INTO {table} AS stored (key, value, updated_at)
+                SELECT $2::text, $3::float8, now() WHERE $1::text = '{ADVANCE}'
+                ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()
+                -- raise to the greater one; replace a NaN or NULL someone else stored
+                WHERE stored.value < excluded.value OR stored.value IS NULL
+                    OR stored.value = 'NaN'::float8
+                RETURNING 1
+            )
+            SELECT pg_notify({_literal(self.channel)}, $4::text)
+            WHERE $1::text <> '{ADVANCE}' OR EXISTS (SELECT 1 FROM raised)
+        """
+        self._read_sql = f"SELECT key, value FROM {table} WHERE key = ANY($1::text[])"
+        self._expire_sql = f"""
+            DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+                SELECT ctid FROM {table}
+                WHERE updated_at < now() - make_interval(secs => $1::float8) LIMIT {_EXPIRE_ROWS}
+            ))
+        """
+        self._writer: Any = None
+        self._reader: Any = None
+        self._read_lock = asyncio.Lock()
+        self._listener: Any = None
+        self._lost: asyncio.Event | None = None
+        self._next_expiry = time.monotonic() + min(_EXPIRE_EVERY, value_ttl / 2)
+
+    @property
+    def address(self) -> str:
+        return f"PostgreSQL at {redacted(self.url)}"
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _open(self, application: str) -> Any:
+        return await asyncpg.connect(
+            self.url,
+            timeout=self._connect_timeout,
+            command_timeout=self._command_timeout,
+            server_settings={"application_name": application},
+        )
+
+    async def connect(self, host: BackendHost | None) -> None:
+        try:
+            self._writer = await self._open(WRITE_APPLICATION)
+            await self._ensure_table(self._writer)
+            if host is not None:
+                await self._listen(host)
+        except asyncio.CancelledError:
+            self._terminate_all()
+            raise
+        except FanoutUnavailable:
+            self._terminate_all()
+            raise
+        except Exception as exc:
+            self._terminate_all()
+            raise FanoutUnavailable(
+                f"cannot use {self.address}: {describe(exc, self._connect_timeout)}"
+            ) from None
+
+    async def _ensure_table(self, conn: Any) -> None:
+        """Create the table unless it exists (one process at a time: concurrent CREATE TABLE
+        IF NOT EXISTS can collide), and check that an existing one has the columns used."""
+        table = _quote(self.table)
+        async with conn.transaction():
+            if await conn.fetchval("SELECT to_regclass($1) IS NULL", table):
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.table)
+                await conn.execute(
+                    f"""CREATE TABLE IF NOT EXISTS {table} (
+                        key text PRIMARY KEY,
+                        value double precision NOT NULL,
+                        updated_at timestamptz NOT NULL DEFAULT now())"""
+                )
+                await conn.execute(
+                    f"CREATE INDEX IF NOT EXISTS {_quote(self.table + '_updated_at')} "
+                    f"ON {table} (updated_at)"
+                )
+        try:
+            statement = await conn.prepare(f"SELECT key, value, updated_at FROM {table} LIMIT 0")
+        except asyncpg.PostgresError as exc:
+            raise FanoutUnavailable(
+                f"cannot use {self.address}: the table {self.table} exists but is not the "
+                f"fan-out's ({exc}); choose another prefix"
+            ) from None
+        types = {attr.name: attr.type.name for attr in statement.get_attributes()}
+        if types.get("key") != "text" or types.get("value") != "float8":
+            raise FanoutUnavailable(
+                f"cannot use {self.address}: the table {self.table} exists with other column "
+                f"types ({types}); choose another prefix"
+            )
+
+    async def _listen(self, host: BackendHost) -> None:
+        conn = await self._open(LISTEN_APPLICATION)
+        lost = asyncio.Event()
+        conn.add_termination_listener(lambda _conn: lost.set())
+
+        def notified(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            host.deliver(payload)
+
+        try:
+            await conn.add_listener(self.channel, notified)
+        except BaseException:
+            conn.terminate()
+            raise
+        # LISTEN is in effect once it returns (autocommit): every later commit reaches us.
+        self._listener, self._lost = conn, lost
+
+    def _drop_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            conn.terminate()
+        if self._lost is not None:
+            self._lost.set()  # the subscription notices at once, whoever dropped it
+
+    def _drop_writer(self) -> None:
+        conn, self._writer = self._writer, None
+        if conn is not None:
+            conn.terminate()
+
+    def _drop_reader(self) -> None:
+        conn, self._reader = self._reader, None
+        if conn is not None:
+            conn.terminate()
+
+    def _terminate_all(self) -> None:
+        self._drop_listener()
+        self._drop_reader()
+        self._drop_writer()
+
+    async def close(self) -> None:
+        """Close both connections at once: terminate() sends nothing and waits for nothing,
+        so a frozen server cannot hold it."""
+        self._terminate_all()
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
+        conn = self._writer
+        if conn is None or conn.is_closed():
+            try:
+                conn = self._writer = await self._open(WRITE_APPLICATION)
+                # A restored or recreated database may have lost the table: make it again.
+                await self._ensure_table(conn)
+            except asyncio.CancelledError:
+                self._drop_writer()
+                raise
+            except Exception as exc:
+                self._drop_writer()
+                raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+        rows = [(event.kind, event.key, event.value, event.message) for event in events]
+        try:
+            await conn.executemany(self._publish_sql, rows, timeout=self._command_timeout)
+        except BaseException as exc:
+            _give_up_if_lost(exc, conn, self._drop_writer, "publishing failed")
+            if isinstance(exc, asyncpg.exceptions.UndefinedTableError):
+                # Dropped while we were connected: reconnecting makes it again, and the
+                # fan-out sends the batch again.
+                self._drop_writer()
+                raise EngineUnreachable(f"the table {self.table} is gone: {exc}") from None
+            if len(rows) > 1:  # which events did the server refuse? One at a time.
+                return await self._one_by_one(conn, rows)
+            return [exc]
+        await self._maybe_expire(conn)
+        return [None] * len(rows)
+
+    async def _one_by_one(
+        self, conn: Any, rows: list[tuple[str, str, float, str]]
+    ) -> list[BaseException | None]:
+        results: list[BaseException | None] = []
+        for row in rows:
+            try:
+                await conn.execute(self._publish_sql, *row, timeout=self._command_timeout)
+            except BaseException as exc:
+                _give_up_if_lost(exc, conn, self._drop_writer, "publishing failed")
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
+
+    async def _maybe_expire(self, conn: Any) -> None:
+        """Delete values not raised for ``value_ttl`` seconds, at most every few minutes."""
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + min(_EXPIRE_EVERY, self._ttl / 2)
+        try:
+            status = await conn.execute(self._expire_sql, self._ttl, timeout=self._command_timeout)
+        except asyncio.CancelledError:
+            self._drop_writer()
+            raise
+        except Exception as exc:
+            # The batch before it is stored: report that, and reconnect for the next one.
+            if _lost(exc, conn):
+                self._drop_writer()
+            _log.warning("fanout_expiry_failed", address=self.address, error=repr(exc))
+            return
+        _log.debug("fanout_expired_values", status=status)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
+        """On a connection of their own, one read at a time: a slow or cancelled read closes
+        that connection (the next read opens another) and never touches the subscription."""
+        async with self._read_lock:
+            conn = self._reader
+            if conn is None or conn.is_closed():
+                try:
+                    conn = self._reader = await self._open(READ_APPLICATION)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+            try:
+                rows = await conn.fetch(self._read_sql, list(keys), timeout=self._command_timeout)
+            except BaseException as exc:
+                _give_up_if_lost(exc, conn, self._drop_reader, "reading failed")
+                raise
+        values: dict[str, float] = {}
+        for key, value in rows:
+            if value is None or not -_INF < value < _INF:
+                host.foreign_value(key, value)
+            else:
+                values[key] = value
+        return values
+
+    # -- subscribing -----------------------------------------------------------------------------
+
+    async def subscribe(self, host: BackendHost) -> None:
+        # asyncpg honours cancellation; host.listening ends the loop all the same once the
+        # fan-out stops, as the interface asks of every backend.
+        backoff = 0.05
+        while host.listening:
+            if self._listener is None or self._listener.is_closed():
+                self._drop_listener()
+                try:
+                    await self._listen(host)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    host.down(EngineUnreachable(describe(exc, self._connect_timeout)))
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+            backoff = 0.05
+            host.subscribed()
+            reason = await self._watch()
+            self._drop_listener()
+            host.down(EngineUnreachable(reason))
+
+    async def _watch(self) -> str:
+        """Return (why) once the LISTEN connection ended or stopped answering."""
+        lost = self._lost
+        assert lost is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._health_interval):
+                    await lost.wait()
+                return "the LISTEN connection was closed"
+            conn = self._listener
+            if conn is None or conn.is_closed():
+                return "the LISTEN connection was closed"
+            try:
+                await conn.fetchval("SELECT 1", timeout=self._command_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return f"the LISTEN connection stopped answering: {exc!r}"
+
+
+_INF: Final = float("inf")
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class PostgresFanout(Fanout):
+    """Fan-out through PostgreSQL: values in a table, NOTIFY as the hint, LISTEN per process.
+
+    Args:
+        url: ``postgresql://user:password@host:5432/db``; ``None`` reads
+            ``$PURGATORY_AIO_POSTGRES_URL``.
+        purgatories: the purgatories events apply to (more with :meth:`attach`).
+        prefix: names the table (``<prefix>_values``) and the channel
+            (``<prefix>_events``), so several applications can share a database.
+        queue_size: events that may wait to be published; beyond it they are dropped.
+        batch: events per round trip (one transaction).
+        value_ttl: seconds a stored value outlives its last raise.
+        resync_interval: seconds between safety-net resyncs.
+        connect_timeout: seconds to wait for a connection (and for a read).
+        command_timeout: seconds a statement may take before its connection is
+            given up (and reconnected).
+        health_interval: seconds between probes of an idle LISTEN connection (how
+            soon a server that vanished without closing it is noticed).
+        subscribe: False for a process that only publishes: no LISTEN connection.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *purgatories: Purgatory,
+        prefix: str = "purgatory_aio",
+        queue_size: int = 65536,
+        batch: int = 512,
+        value_ttl: float = 86400.0,
+        resync_interval: float = 30.0,
+        connect_timeout: float = 2.0,
+        command_timeout: float = 5.0,
+        health_interval: float = 10.0,
+        subscribe: bool = True,
+    ) -> None:
+        backend = PostgresBackend(
+            resolve_url(url),
+            prefix=prefix,
+            value_ttl=check_seconds(value_ttl, "value_ttl"),
+            connect_timeout=check_seconds(connect_timeout, "connect_timeout"),
+            command_timeout=check_seconds(command_timeout, "command_timeout"),
+            health_interval=check_seconds(health_interval, "health_interval"),
+        )
+        super().__init__(
+            backend,
+            *purgatories,
+            queue_size=queue_size,
+            batch=batch,
+            resync_interval=resync_interval,
+            connect_timeout=connect_timeout,
+            subscribe=subscribe,
+        )
+        self.url = backend.url
+        self.table = backend.table
+        self.channel = backend.channel

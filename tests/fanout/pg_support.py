@@ -1,0 +1,270 @@
+"""A real PostgreSQL server for the tests, from Debian's package.
+
+``initdb`` refuses to run as root, and so does ``postgres``: when the tests run as
+root (CI does) both run as an unprivileged system user, the ``postgres`` user the
+Debian package creates, else ``nobody``, else one made here with ``useradd``. The
+cluster lives in a temporary directory that user owns; the server listens on
+127.0.0.1 on a free port, its unix socket in that directory, and runs in a process
+session of its own; it is stopped, frozen or killed by its own PID (and the PIDs of the
+processes it started).
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from fanout_support import free_port
+
+__all__ = ["PostgresServer"]
+
+SUPERUSER = "postgres"
+# Created with useradd when neither of the usual unprivileged users exists.
+FALLBACK_USER = "purgatory-aio-pg"
+READY_LINE = "database system is ready to accept connections"
+
+
+def _binaries() -> Path:
+    """The directory holding initdb and postgres: on PATH, else Debian's versioned one."""
+    found = shutil.which("initdb")
+    if found is not None:
+        return Path(found).resolve().parent
+    candidates = glob.glob("/usr/lib/postgresql/*/bin/initdb")
+    if not candidates:
+        pytest.fail(
+            "PostgreSQL is not installed: run `make install` (it installs Debian's postgresql) "
+            "or `apt-get install -y postgresql`"
+        )
+
+    def version(path: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", Path(path).parent.parent.name))
+
+    return Path(max(candidates, key=version)).parent
+
+
+def _server_user() -> tuple[int, int] | None:
+    """``(uid, gid)`` to run the server as; None when not root (run as ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    for name in (SUPERUSER, "nobody", FALLBACK_USER):
+        with contextlib.suppress(KeyError):
+            entry = pwd.getpwnam(name)
+            return entry.pw_uid, entry.pw_gid
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", FALLBACK_USER],
+        check=True,
+        timeout=60,
+    )
+    entry = pwd.getpwnam(FALLBACK_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+def _reachable_temp_root() -> str:
+    """A temporary directory every user can traverse to (the server runs as another user)."""
+    base = Path(tempfile.gettempdir()).resolve()
+    for part in (base, *base.parents):
+        if not part.stat().st_mode & stat.S_IXOTH:
+            return "/tmp"
+    return str(base)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (the server's backends and workers: each of them is the
+    leader of a session of its own, so a signal to the postmaster's group misses them)."""
+    found = []
+    for entry in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(entry).read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(Path(entry).parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+class PostgresServer:
+    """One PostgreSQL cluster; ``kill()``/``start()`` keep the port and the data (a crash and a
+    restart), ``freeze()``/``thaw()`` stop and continue every process of the server."""
+
+    def __init__(self) -> None:
+        self.bin = _binaries()
+        self.owner = _server_user()
+        self.password = secrets.token_hex(8)
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="purgatory-pg-", dir=_reachable_temp_root()))
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+
+    @property
+    def url(self) -> str:
+        return self.url_as(self.password)
+
+    def url_as(self, password: str) -> str:
+        return f"postgresql://{SUPERUSER}:{password}@127.0.0.1:{self.port}/postgres"
+
+    def _as_owner(self) -> dict[str, object]:
+        if self.owner is None:
+            return {}
+        return {"user": self.owner[0], "group": self.owner[1], "extra_groups": []}
+
+    def initdb(self) -> None:
+        pwfile = self.dir / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        if self.owner is not None:
+            for path in (self.dir, pwfile):
+                os.chown(path, *self.owner)
+        self.dir.chmod(0o700)
+        args = [
+            str(self.bin / "initdb"),
+            "--pgdata", str(self.data),
+            "--username", SUPERUSER,
+            "--pwfile", str(pwfile),
+            "--auth-local", "trust",
+            "--auth-host", "scram-sha-256",
+            "--encoding", "UTF8",
+            "--locale", "C",
+            "--no-sync",
+        ]  # fmt: skip
+        done = subprocess.run(
+            args,
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "LC_ALL": "C", "HOME": str(self.dir)},
+            cwd=self.dir,
+            **self._as_owner(),  # type: ignore[call-overload]
+        )
+        pwfile.unlink()
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed: {done.stderr.decode(errors='replace')[-2000:]}")
+
+    def start(self, timeout: float = 30.0) -> None:
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        args = [
+            str(self.bin / "postgres"),
+            "-D", str(self.data),
+            "-p", str(self.port),
+            "-k", str(self.dir),
+            "-c", "listen_addresses=127.0.0.1",
+            "-c", "max_connections=300",
+            # A throwaway cluster: nothing needs to survive a power cut (commits still
+            # reach the OS before they return, so a killed server keeps them).
+            "-c", "fsync=off",
+            "-c", "full_page_writes=off",
+        ]  # fmt: skip
+        with self.log.open("ab") as log:
+            if self.owner is not None:
+                os.chown(self.log, *self.owner)
+            self.proc = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # out of reach of the terminal's signals
+                cwd=self.dir,
+                env={**os.environ, "LC_ALL": "C"},
+                **self._as_owner(),  # type: ignore[call-overload]
+            )
+        self.frozen = False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.log.open("rb") as log:
+                log.seek(offset)
+                if READY_LINE in log.read().decode(errors="replace"):
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        tail = self.log.read_text(errors="replace")[-2000:]
+        self.kill()
+        raise RuntimeError(f"PostgreSQL did not start within {timeout} s:\n{tail}")
+
+    def _signal(self, signum: int) -> list[int]:
+        """Send ``signum`` to the postmaster, then to every process it started; their PIDs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        pids = [self.proc.pid]
+        os.kill(self.proc.pid, signum)
+        for child in _children(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+                pids.append(child)
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of the server: connections stay open, nothing answers."""
+        self._signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            for child in _children(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGCONT)
+        self.frozen = False
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (postmaster and backends), as a crash would; returns once
+        all of them are gone, so that the server can start again on the same data."""
+        if self.proc is None:
+            return
+        pids = self._signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.proc = None
+        self.frozen = False
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGINT to the postmaster), SIGKILL if it takes more than 10 s."""
+        if self.proc is None:
+            return
+        if self.frozen:
+            self.thaw()
+        self.proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self.kill()
+
+    def ensure_running(self) -> None:
+        """Undo what a previous test left: a frozen or killed server runs again."""
+        if self.frozen:
+            self.thaw()
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = None
+            self.start()
+
+    def __enter__(self) -> PostgresServer:
+        try:
+            self.initdb()
+            self.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
