@@ -25,6 +25,7 @@ if __name__ == "__main__" and not __package__:
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _here]
 
 import argparse
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -120,8 +121,11 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
         message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
         return _fail(message)
 
+    # py4j logs a dying JVM's broken connection with a traceback; the one line below says it.
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
     # A session already running in this process (a notebook, a test) is borrowed, not stopped.
     own_session = spark is None and SparkSession.getActiveSession() is None
+    heap: str | None = None
     try:
         since = None if args.since is None else inputs.parse_time(args.since)
         until = None if args.until is None else inputs.parse_time(args.until)
@@ -131,6 +135,7 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
         inputs.preflight(args.events_dir, window)
         if spark is None:
             spark = session.create_session(args.master, conf)
+        heap = session.driver_memory(spark)
         try:
             result = report.run(
                 args.events_dir,
@@ -142,15 +147,21 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
                 strict=args.strict,
             )
         finally:
-            if own_session:
+            if own_session and session.jvm_failure(heap, wait=0.0) is None:
                 spark.stop()
     except ReportError as exc:
         return _fail(str(exc))
-    except OSError as exc:
-        return _fail(f"cannot write the report: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted", status=130)
     except Exception as exc:
+        # A JVM that died (out of memory, killed) surfaces as any error at all, a
+        # ConnectionRefusedError from py4j among them: ask the JVM before the error.
+        if heap is not None and (failure := session.jvm_failure(heap)):
+            return _fail(failure)
+        if heap is not None and "OutOfMemoryError" in _describe(exc):
+            return _fail(session.out_of_memory_message(heap))
+        if isinstance(exc, OSError) and not _is_spark_error(exc):
+            return _fail(f"cannot write the report: {exc}")
         if not _is_spark_error(exc):
             raise
         return _fail(f"Spark job failed: {describe_spark_error(exc)}")
@@ -158,6 +169,13 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     for problem in result.quality.problems():
         print(f"{PROG}: warning: {problem} (see the Data quality section)", file=sys.stderr)
     return 0
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return describe_spark_error(exc) if _is_spark_error(exc) else str(exc)
+    except Exception:  # a dead gateway cannot describe its own exceptions
+        return str(exc)
 
 
 def _is_spark_error(exc: BaseException) -> bool:

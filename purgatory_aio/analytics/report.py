@@ -17,7 +17,6 @@ from pathlib import Path
 from purgatory_aio.analytics import charts, metrics
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
 from purgatory_aio.analytics.inputs import (
-    CHECK_PREFIX,
     COPIES,
     CORRUPT,
     TimeRange,
@@ -43,16 +42,10 @@ from purgatory_aio.analytics.render import render_markdown
 from purgatory_aio.events import COLUMNS, OUTCOMES
 
 try:
+    import pyarrow as pa
     from pyspark import StorageLevel
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import functions as F
-    from pyspark.sql.types import (
-        DoubleType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
 except ImportError as exc:
     raise missing_dependency(exc) from exc
 
@@ -109,18 +102,71 @@ def run(
         if window.until is not None:
             inside = inside & (settled < window.until)
         raw = raw.where(F.col(CORRUPT).isNotNull() | settled.isNull() | inside)
-    # One pass over the input: exact duplicates collapse into one row with a copy
-    # count, and everything after reads this cached frame instead of the files.
-    unique = (
-        raw.groupBy(*COLUMNS, CORRUPT)
-        .agg(F.count(F.lit(1)).alias(COPIES))
-        .withColumn(REASON, quality_reason())
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
+    records = raw.select(*COLUMNS, CORRUPT)
+    cached: list[DataFrame] = []
+    if files.json:
+        # Parsing JSON is most of a scan's cost (about 4x reading the same Parquet), and
+        # the figures take five scans: parse once. Spilled to disk when it does not fit.
+        # Parquet is never cached: each query reads only the columns it needs.
+        records = records.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(records)
     try:
+        check_identities(records, quality)
+        if quality.duplicates:
+            # Rare: collapse exact copies (a full shuffle of every column), once.
+            unique = (
+                records.groupBy(*COLUMNS, CORRUPT)
+                .agg(F.count(F.lit(1)).alias(COPIES))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            cached.append(unique)
+        else:
+            unique = records.withColumn(COPIES, F.lit(1))
+        unique = unique.withColumn(REASON, quality_reason())
         return _run_on(spark, unique, raw, events_dir, location, top_keys, window, strict, quality)
     finally:
-        unique.unpersist()
+        for frame in cached:
+            frame.unpersist()
+
+
+#: The columns that identify one operation across processes, restarts and copies.
+IDENTITY = ("producer", "purgatory", "op_id")
+
+
+def check_identities(records: DataFrame, quality: Quality) -> None:
+    """Count exact duplicates and conflicting operation ids in one shuffle.
+
+    Each record is reduced to its identity (:data:`IDENTITY`) and a hash of all its
+    columns, and only that travels: records of one identity with the same hash are
+    copies of one record, different hashes are different records claiming one id.
+    Partitioning by the identity once lets both groupings run without another shuffle.
+    Sets ``rows_read``, ``duplicates``, ``conflicting_ids`` and ``conflicting_rows``.
+    """
+    columns = [*COLUMNS, CORRUPT]
+    # The null flags keep (null, "x") and ("x", null) apart, which xxhash64 alone
+    # would not; two different records of one id share a 64-bit hash with
+    # probability 2**-64.
+    row_hash = F.xxhash64(*columns, *(F.isnull(name) for name in columns))
+    copies = (
+        records.select(*IDENTITY, row_hash.alias("_hash"))
+        .repartition(*IDENTITY)
+        .groupBy(*IDENTITY, "_hash")
+        .agg(F.count(F.lit(1)).alias("copies"))
+    )
+    per_id = copies.groupBy(*IDENTITY).agg(
+        F.count(F.lit(1)).alias("records"), F.sum("copies").alias("copies")
+    )
+    conflicting = F.col("producer").isNotNull() & (F.col("records") > 1)
+    totals = per_id.agg(
+        F.sum("copies").alias("rows"),
+        F.sum(F.col("copies") - F.col("records")).alias("duplicates"),
+        F.count(F.when(conflicting, 1)).alias("ids"),
+        F.sum(F.when(conflicting, F.col("records"))).alias("conflicting_rows"),
+    ).collect()[0]
+    quality.rows_read = int(totals["rows"] or 0)
+    quality.duplicates = int(totals["duplicates"] or 0)
+    quality.conflicting_ids = int(totals["ids"] or 0)
+    quality.conflicting_rows = int(totals["conflicting_rows"] or 0)
 
 
 def _run_on(
@@ -135,6 +181,7 @@ def _run_on(
     quality: Quality,
 ) -> Report:
     valid = F.col(REASON).isNull()
+    # Plain counts, sums, minima and maxima only: Spark's compiled hash aggregation.
     grouped = unique.groupBy(*GROUP).agg(
         *metrics.group_aggregates(valid),
         *check_aggregates(F.col(COPIES)),
@@ -143,20 +190,8 @@ def _run_on(
     )
     rows = [row.asDict() for row in grouped.collect()]
     check_results(raw, rows, events_dir)
-    quality.rows_read = sum(int(row[CHECK_PREFIX + "rows"]) for row in rows)
-    quality.duplicates = sum(int(row["_duplicates"] or 0) for row in rows)
     for name in REASONS:
         quality.excluded[name] = sum(int(row[f"_x_{name}"]) for row in rows)
-    conflicts = (
-        unique.where(F.col("producer").isNotNull())
-        .groupBy("producer", "purgatory", "op_id")
-        .agg(F.count(F.lit(1)).alias("n"))
-        .where(F.col("n") > 1)
-        .agg(F.count(F.lit(1)).alias("ids"), F.sum("n").alias("rows"))
-        .collect()[0]
-    )
-    quality.conflicting_ids = int(conflicts["ids"] or 0)
-    quality.conflicting_rows = int(conflicts["rows"] or 0)
     if strict and (problems := quality.problems()):
         raise ReportError(f"--strict: the input has problems: {'; '.join(problems)}")
     stats = sorted(
@@ -169,6 +204,19 @@ def _run_on(
             + (f": {'; '.join(quality.problems())}" if quality.problems() else "")
         )
     events = unique.where(valid).select(*COLUMNS)
+    # The percentiles in an aggregation of their own, over the rows they describe:
+    # percentile_approx's buffers would take every other figure off the hash path.
+    tails = {
+        (row["purgatory"], row["op_type"]): row
+        for row in events.where(F.col("outcome").isin("completed", "expired"))
+        .groupBy(*GROUP)
+        .agg(*metrics.percentile_aggregates())
+        .collect()
+    }
+    for row in stats:
+        tail = tails.get((row["purgatory"], row["op_type"]))
+        row["latency_curve"] = None if tail is None else tail["latency_curve"]
+        row["lateness_q"] = None if tail is None else tail["lateness_q"]
 
     output = ReportOutput(location, spark)
     try:
@@ -193,26 +241,24 @@ def _write_report(
     window: TimeRange,
     quality: Quality,
 ) -> Report:
-    per_second = metrics.per_second(events).persist(StorageLevel.MEMORY_AND_DISK)
-    by_key = metrics.key_stats(events).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        _write(per_second, output, "throughput")
-        peaks = {
-            (row["purgatory"], row["op_type"]): int(row["peak"])
-            for row in per_second.groupBy(*GROUP).agg(F.max("settled").alias("peak")).collect()
-        }
-        start = math.floor(min(row["first_settled_at"] for row in stats))
-        span = math.floor(max(row["last_settled_at"] for row in stats)) - start + 1
-        bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
-        bins = metrics.timeline(per_second, start, bin_seconds).collect()
-        _write(by_key, output, "hot_keys")
-        hot_keys = [
-            row.asDict()
-            for row in metrics.top_keys(by_key, top_keys).orderBy(*GROUP, "rank").collect()
-        ]
-    finally:
-        per_second.unpersist()
-        by_key.unpersist()
+    # The two large tables are written by Spark, then read back (small, aggregated
+    # Parquet) for what the report shows of them: no cache holds them meanwhile.
+    _write(metrics.per_second(events), output, "throughput")
+    start = math.floor(min(row["first_settled_at"] for row in stats))
+    span = math.floor(max(row["last_settled_at"] for row in stats)) - start + 1
+    bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
+    bins = metrics.timeline(_read(spark, output, "throughput"), start, bin_seconds).collect()
+    peaks: dict[tuple[str, str], int] = {}
+    for row in bins:
+        where = (row["purgatory"], row["op_type"])
+        peaks[where] = max(peaks.get(where, 0), int(row["peak"]))
+    _write(metrics.key_stats(events), output, "hot_keys")
+    hot_keys = [
+        row.asDict()
+        for row in metrics.top_keys(_read(spark, output, "hot_keys"), top_keys)
+        .orderBy(*GROUP, "rank")
+        .collect()
+    ]
 
     summary = [_summary_row(row, peaks) for row in stats]
     for row, group in zip(summary, stats, strict=True):
@@ -255,12 +301,13 @@ def _write_report(
     )
     report.tables["throughput"] = output.final("tables/throughput")
     report.tables["hot_keys"] = output.final("tables/hot_keys")
+    # A few rows each: written here with pyarrow, not by a Spark job apiece.
     for name, table_rows, schema in (
         ("summary", [_table_row(row) for row in summary], _SUMMARY_SCHEMA),
         ("whatif", whatif, _WHATIF_SCHEMA),
         ("latency_quantiles", _curve_rows(stats), _CURVE_SCHEMA),
     ):
-        _write(spark.createDataFrame(table_rows, schema).coalesce(1), output, name)
+        output.write_small_table(name, pa.Table.from_pylist(table_rows, schema=schema))
         report.tables[name] = output.final(f"tables/{name}")
 
     (output.files / "summary.json").write_text(
@@ -290,6 +337,10 @@ def _table_row(row: Row) -> Row:
 
 def _write(frame: DataFrame, output: ReportOutput, name: str) -> None:
     frame.write.mode("overwrite").parquet(f"{output.uri}/tables/{name}")
+
+
+def _read(spark: SparkSession, output: ReportOutput, name: str) -> DataFrame:
+    return spark.read.parquet(f"{output.uri}/tables/{name}")
 
 
 def _summary_row(stats: Row, peaks: dict[tuple[str, str], int]) -> Row:
@@ -419,15 +470,15 @@ def _utc(epoch_seconds: float) -> str:
     return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-_SUMMARY_SCHEMA = StructType(
+_SUMMARY_SCHEMA = pa.schema(
     [
-        StructField("purgatory", StringType()),
-        StructField("op_type", StringType()),
-        StructField("count", LongType()),
-        *(StructField(outcome, LongType()) for outcome in OUTCOMES),
-        StructField("expiry_ratio", DoubleType()),
+        ("purgatory", pa.string()),
+        ("op_type", pa.string()),
+        ("count", pa.int64()),
+        *((outcome, pa.int64()) for outcome in OUTCOMES),
+        ("expiry_ratio", pa.float64()),
         *(
-            StructField(name, DoubleType())
+            (name, pa.float64())
             for name in (
                 "latency_p50",
                 "latency_p99",
@@ -441,10 +492,10 @@ _SUMMARY_SCHEMA = StructType(
                 "throughput_per_s",
             )
         ),
-        StructField("peak_per_s", LongType()),
-        StructField("active_seconds", LongType()),
+        ("peak_per_s", pa.int64()),
+        ("active_seconds", pa.int64()),
         *(
-            StructField(name, DoubleType())
+            (name, pa.float64())
             for name in (
                 "first_settled_at",
                 "last_settled_at",
@@ -456,24 +507,24 @@ _SUMMARY_SCHEMA = StructType(
     ]
 )
 
-_WHATIF_SCHEMA = StructType(
+_WHATIF_SCHEMA = pa.schema(
     [
-        StructField("purgatory", StringType()),
-        StructField("op_type", StringType()),
-        StructField("timeout_fraction", DoubleType()),
-        StructField("candidate_timeout_s", DoubleType()),
-        StructField("timeout_used_s", DoubleType()),
-        StructField("judged", LongType()),
-        StructField("would_expire", LongType()),
-        StructField("share", DoubleType()),
+        ("purgatory", pa.string()),
+        ("op_type", pa.string()),
+        ("timeout_fraction", pa.float64()),
+        ("candidate_timeout_s", pa.float64()),
+        ("timeout_used_s", pa.float64()),
+        ("judged", pa.int64()),
+        ("would_expire", pa.int64()),
+        ("share", pa.float64()),
     ]
 )
 
-_CURVE_SCHEMA = StructType(
+_CURVE_SCHEMA = pa.schema(
     [
-        StructField("purgatory", StringType()),
-        StructField("op_type", StringType()),
-        StructField("quantile", DoubleType()),
-        StructField("latency_s", DoubleType()),
+        ("purgatory", pa.string()),
+        ("op_type", pa.string()),
+        ("quantile", pa.float64()),
+        ("latency_s", pa.float64()),
     ]
 )
