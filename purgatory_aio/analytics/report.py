@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from purgatory_aio.analytics import charts, metrics
+from purgatory_aio.analytics.anomalies import find_windows
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
 from purgatory_aio.analytics.inputs import (
     COPIES,
@@ -39,6 +41,7 @@ from purgatory_aio.analytics.output import ReportOutput, check_local_target
 from purgatory_aio.analytics.quality import REASON, REASONS, Quality
 from purgatory_aio.analytics.quality import reason as quality_reason
 from purgatory_aio.analytics.render import render_markdown
+from purgatory_aio.analytics.session import describe_run
 from purgatory_aio.events import COLUMNS, OUTCOMES
 
 try:
@@ -249,9 +252,9 @@ def _write_report(
     bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
     bins = metrics.timeline(_read(spark, output, "throughput"), start, bin_seconds).collect()
     peaks: dict[tuple[str, str], int] = {}
-    for row in bins:
-        where = (row["purgatory"], row["op_type"])
-        peaks[where] = max(peaks.get(where, 0), int(row["peak"]))
+    for bin_row in bins:
+        where = (bin_row["purgatory"], bin_row["op_type"])
+        peaks[where] = max(peaks.get(where, 0), int(bin_row["peak"]))
     _write(metrics.key_stats(events), output, "hot_keys")
     hot_keys = [
         row.asDict()
@@ -298,6 +301,7 @@ def _write_report(
         quality=quality,
         withheld_quantiles=withheld,
         window=window.describe() if window.bounded else None,
+        run=describe_run(spark),
     )
     report.tables["throughput"] = output.final("tables/throughput")
     report.tables["hot_keys"] = output.final("tables/hot_keys")
@@ -436,34 +440,46 @@ def _draw_charts(report: Report, output: ReportOutput, bins: list[Row], span: in
         index = int(row["bin"])
         settled[label(row)][index] = row["settled"] / width
         expired[label(row)][index] = row["expired"] / width
+    for name, rates in expired.items():
+        busiest = max(range(count), key=lambda index: rates[index])
+        if rates[busiest] > 0:
+            report.expiry_peaks[name] = (busiest * width, rates[busiest])
+    # Anomalies of the whole log (all groups together), marked on both timelines.
+    report.anomalies = [
+        *find_windows(_totals(expired.values(), width), width, "expirations"),
+        *find_windows(_totals(settled.values(), width), width, "throughput"),
+    ]
     xs = [index * width for index in range(count)]
     xlabel = (
         f"seconds since {_utc(report.timeline_start)} ({width} s bin{'s' if width > 1 else ''})"
     )
     report.charts["latency"] = output.final("charts/latency.png")
-    charts.latency_chart(directory / "latency.png", report.latency_curves)
-    report.charts["throughput"] = output.final("charts/throughput.png")
-    charts.timeline_chart(
-        directory / "throughput.png",
-        {name: list(zip(xs, ys, strict=True)) for name, ys in settled.items()},
-        title="Operations settled per second",
-        ylabel="settled / s",
-        xlabel=xlabel,
-    )
-    report.charts["expirations"] = output.final("charts/expirations.png")
-    charts.timeline_chart(
-        directory / "expirations.png",
-        {name: list(zip(xs, ys, strict=True)) for name, ys in expired.items()},
-        title="Expirations per second",
-        ylabel="expired / s",
-        xlabel=xlabel,
-    )
+    completed = {label(row): int(row["completed"]) for row in report.summary}
+    charts.latency_chart(directory / "latency.png", report.latency_curves, completed)
+    for name, per_group, title, ylabel in (
+        ("throughput", settled, "Operations settled per second", "settled / s"),
+        ("expirations", expired, "Expirations per second", "expired / s"),
+    ):
+        report.charts[name] = output.final(f"charts/{name}.png")
+        charts.timeline_chart(
+            directory / f"{name}.png",
+            {series: list(zip(xs, ys, strict=True)) for series, ys in per_group.items()},
+            title=title,
+            ylabel=ylabel,
+            xlabel=xlabel,
+            windows=report.anomalies,
+        )
     whatif: dict[str, list[tuple[float, float]]] = {}
     for row in report.whatif:
         whatif.setdefault(label(row), []).append((row["timeout_fraction"], row["share"]))
     timeouts = {label(row): float(row["timeout_mean"]) for row in report.summary}
     report.charts["whatif"] = output.final("charts/whatif.png")
     charts.whatif_chart(directory / "whatif.png", whatif, timeouts)
+
+
+def _totals(rates: Iterable[list[float]], width: int) -> list[float]:
+    """Operations per bin over every group, from per-group rates per second."""
+    return [sum(column) * width for column in zip(*rates, strict=True)]
 
 
 def _utc(epoch_seconds: float) -> str:
