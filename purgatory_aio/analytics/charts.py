@@ -110,13 +110,16 @@ def latency_series(curves: Curves, completed: Mapping[str, int]) -> list[Series]
     return drawn
 
 
-def latency_chart(path: Path, curves: Curves, completed: Mapping[str, int]) -> Path:
+def latency_chart(path: Path, curves: Curves, completed: Mapping[str, int]) -> Figure:
     """Completion latency by percentile, the tail stretched out (x: 50%, 90%, 99%...).
 
     Args:
         path: Where the PNG goes.
         curves: Per series, ``(quantile, latency in seconds)`` points.
         completed: Per series, how many completed operations the curve describes.
+
+    Returns:
+        The drawn figure (for checking what it shows).
     """
     figure, axes = _figure()
     series = latency_series(curves, completed)
@@ -147,7 +150,8 @@ def latency_chart(path: Path, curves: Curves, completed: Mapping[str, int]) -> P
     axes.set_xlabel("percentile" + (floor_note if series and clipped else ""))
     axes.set_ylabel("completion latency (ms)")
     axes.set_title("Completion latency distribution (completed operations)")
-    return _finish(figure, axes, path, bool(series))
+    _finish(figure, axes, path, bool(series))
+    return figure
 
 
 #: Colours of marked windows: spikes of expirations, and drops of throughput.
