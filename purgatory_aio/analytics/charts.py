@@ -53,7 +53,7 @@ def _tail_position(quantile: float) -> float:
 
 
 #: Percentile axis ticks; those below 50% sit close together at the left, so only two.
-_LOW_TICKS = (0.01, 0.25)
+_LOW_TICKS = (0.0, 0.25)
 
 #: Groups with fewer completed operations than this are drawn as their observations
 #: (points), never as a curve: a percentile line over 1-3 values says nothing.

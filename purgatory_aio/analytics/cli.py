@@ -26,6 +26,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -121,8 +122,12 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
         message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
         return _fail(message)
 
-    # py4j logs a dying JVM's broken connection with a traceback; the one line below says it.
+    # py4j logs a dying JVM's broken connection with a traceback (some of it through the
+    # root logger); the one line below says what happened instead.
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    root = logging.getLogger()
+    if _from_py4j not in root.filters:
+        root.addFilter(_from_py4j)
     # A session already running in this process (a notebook, a test) is borrowed, not stopped.
     own_session = spark is None and SparkSession.getActiveSession() is None
     heap: str | None = None
@@ -169,6 +174,11 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     for problem in result.quality.problems():
         print(f"{PROG}: warning: {problem} (see the Data quality section)", file=sys.stderr)
     return 0
+
+
+def _from_py4j(record: logging.LogRecord) -> bool:
+    """Logging filter: False (drop) for what py4j logs on the root logger."""
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
 def _describe(exc: BaseException) -> str:

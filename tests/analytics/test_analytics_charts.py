@@ -56,7 +56,7 @@ def test_latency_chart_labels_ticks_below_fifty_percent(tmp_path: Path) -> None:
         tmp_path / "latency.png", {"p/Op": curve([float(v) for v in range(1, 201)])}, {"p/Op": 200}
     )
     labels = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
-    assert labels[:3] == ["1%", "25%", "50%"]
+    assert labels[:3] == ["0%", "25%", "50%"]
     assert "99%" in labels
     assert (tmp_path / "latency.png").read_bytes()[:4] == b"\x89PNG"
 
