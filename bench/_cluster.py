@@ -52,9 +52,7 @@ def _scala_version() -> str:
 class StandaloneCluster:
     """``java -cp $SPARK_HOME/jars/* org.apache.spark.deploy.{master.Master,worker.Worker}``."""
 
-    def __init__(
-        self, work: Path, *, cores: int = 2, memory: str = "1g", workers: int = 1
-    ) -> None:
+    def __init__(self, work: Path, *, cores: int = 2, memory: str = "1g", workers: int = 1) -> None:
         self.work = work
         self.workers = workers
         self.cores = cores
