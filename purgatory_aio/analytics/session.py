@@ -140,11 +140,11 @@ def local_defaults(master: str) -> dict[str, str]:
         # not fit, so this is speed (fewer spills), not whether it finishes.
         "spark.driver.memory": local_driver_memory(),
         # The default of 200 partitions costs more in task overhead than the
-        # aggregations it splits; 4 per core keeps each spill-able task's share small on
-        # large logs, and adaptive execution merges them again on small ones.
+        # aggregations it splits; 4 per core keeps each task's share of a large log's
+        # shuffle small (less to spill), and Spark's adaptive execution (on by default)
+        # merges them again on small ones.
         "spark.sql.shuffle.partitions": str(max(4, 4 * cores)),
         "spark.default.parallelism": str(max(2, 2 * cores)),
-        "spark.sql.adaptive.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
