@@ -37,8 +37,8 @@ $(error BUILD=$(BUILD): use BUILD=compiled or BUILD=pure)
 endif
 RUN := PYTHONSAFEPATH=1 $(RUN_VENV)/bin
 
-.PHONY: install install-pure wheel test test-compiled test-pure lint bench bench-quick \
-	bench-http demo sim clean
+.PHONY: install install-pure wheel test test-compiled test-pure lint docs bench bench-quick \
+	bench-http bench-proto demo sim clean
 
 # --- wheels ------------------------------------------------------------------------
 # Built in an isolated build env (as `pip install .` does), by the build hook in
@@ -95,11 +95,13 @@ define pytest_on
 	@echo "== tests on the $(2) core ($(1))"
 	@PYTHONSAFEPATH=1 PURGATORY_AIO_EXPECT_BUILD=$(2) PURGATORY_AIO_WHEEL_DIR=$(CURDIR)/$(DIST)/$(2) \
 	  PURGATORY_AIO_EXAMPLES_WHEEL_DIR=$(CURDIR)/$(DIST)/examples \
-	  $(1)/bin/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  $(1)/bin/python -m pytest $(PYTEST_ARGS) $(3); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 endef
 
-test: test-compiled test-pure
+# The docs are built once (they read the source, not an installed build); the suite
+# then runs on each build, its snippet and API-reference tests included.
+test: docs test-compiled test-pure
 
 test-compiled: $(VENV)/.installed
 	$(call pytest_on,$(VENV),compiled)
@@ -108,9 +110,16 @@ test-pure: $(VENV_PURE)/.installed
 	$(call pytest_on,$(VENV_PURE),pure)
 
 lint: install
-	$(VENV)/bin/ruff check purgatory_aio tests examples bench hatch_build.py
-	$(VENV)/bin/ruff format --check purgatory_aio tests examples bench hatch_build.py
+	$(VENV)/bin/ruff check purgatory_aio tests examples bench hatch_build.py mkdocs_hooks.py
+	$(VENV)/bin/ruff format --check purgatory_aio tests examples bench hatch_build.py mkdocs_hooks.py
 	$(VENV)/bin/mypy
+
+# --- documentation -----------------------------------------------------------------
+# The site from docs/ into site/. --strict makes every warning an error: a broken link
+# or anchor, a page missing from the nav, a reference mkdocstrings cannot resolve.
+# mkdocstrings reads the checkout's source statically, so either build documents it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # --- running -----------------------------------------------------------------------
 bench: $(RUN_VENV)/.installed
@@ -122,6 +131,13 @@ bench-quick: $(RUN_VENV)/.installed
 bench-http: $(RUN_VENV)/.installed
 	$(RUN)/python -m bench http
 
+# The C prototype of the timer core (bench/proto/cwheel.c, not part of the library):
+# compiled here only, never by `make test`. Its tests check it does a timer's work
+# (the `proto` marker, left out of the default run), then W3 measures it.
+bench-proto: $(RUN_VENV)/.installed
+	$(call pytest_on,$(RUN_VENV),$(BUILD),-m proto tests/test_proto_timer.py)
+	$(RUN)/python -m bench proto-timer
+
 sim: $(RUN_VENV)/.installed
 	$(RUN)/purgatory-sim --virtual-time --duration 120 --faults all
 
@@ -129,4 +145,4 @@ demo: $(RUN_VENV)/.installed
 	$(RUN)/python -m examples.demo
 
 clean:
-	rm -rf $(VENV) $(VENV_PURE) $(DIST) build .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VENV_PURE) $(DIST) build site .pytest_cache .mypy_cache .ruff_cache .hypothesis

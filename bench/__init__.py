@@ -1,4 +1,4 @@
-"""The purgatory_aio benchmark suite: the workloads of ``WORKLOADS.md``.
+"""The purgatory_aio benchmark suite: the workloads described in ``docs/benchmarks.md``.
 
 Every workload measures the library and its comparison in the same process run,
 driven by one schedule generated from a seed, on the standard asyncio loop and

@@ -1,4 +1,4 @@
-"""``python -m bench``: run the workloads of WORKLOADS.md and report.
+"""``python -m bench``: run the benchmark workloads (docs/benchmarks.md) and report.
 
 python -m bench all [--quick] [--loop asyncio|uvloop|both]
 python -m bench w1 --n 1000000 --rate 0
@@ -30,10 +30,13 @@ DELEGATED = {
     "http": ("bench.http", "HTTP and request-handler benchmarks (naive-handler vs purgatory)"),
     "pipeline": ("bench.pipeline", "event-log pipeline benchmarks"),
     "fanout": ("bench.fanout", "cross-process completion through Redis vs broadcaster"),
-    "kafka": ("bench.kafka", "librdkafka clients against purgatory-broker (acks=1/all)"),
+    "kafka": (
+        "bench.kafka",
+        "librdkafka clients against purgatory-broker (acks=1/all, idempotent)",
+    ),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
-    "proto-timer": ("bench.proto_timer", "W3 on a C prototype of the timer core (issue 12)"),
-    "proto-gc": ("bench.proto_gc", "W1-user with pending operations out of the GC (issue 12)"),
+    "proto-timer": ("bench.proto_timer", "W3 on a C prototype of the timer core"),
+    "proto-gc": ("bench.proto_gc", "W1-user with pending operations out of the GC"),
 }
 SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
 
@@ -83,7 +86,7 @@ _WORKLOADS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ..
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="purgatory_aio benchmarks (WORKLOADS.md). Every workload runs the "
+        description="purgatory_aio benchmarks (docs/benchmarks.md). Every workload runs the "
         "library and its comparison in one process on one seeded schedule, on asyncio and "
         "uvloop, and writes a JSON record under bench/results/.",
     )

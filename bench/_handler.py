@@ -5,7 +5,7 @@
 * ``purgatory``: a ``DelayedOperation`` awaited with ``Purgatory.watch_and_wait``;
 * ``integration``: the same through :func:`purgatory_aio.integrations.watch_until_disconnected`
   with a set-entry disconnection signal (what the aiohttp integration registers);
-* ``naive``: WORKLOADS.md's naive handler, a future in a ``dict[key, set[future]]``
+* ``naive``: the naive-handler baseline, a future in a ``dict[key, set[future]]``
   awaited under ``asyncio.timeout``.
 
 Two phases, the contenders taking turns:

@@ -7,7 +7,7 @@ same framework on the same broker, with the same parsing and JSON answers:
 * ``/topics/...``: the example's own routes (the integration's disconnect-aware
   ``watch_and_wait``);
 * ``/core/topics/...``: the core's ``Purgatory.watch_and_wait``, nothing listening
-  for disconnection (the comparison WORKLOADS.md names for the naive handler);
+  for disconnection (what the naive handler is compared with: both only wait);
 * ``/naive/topics/...``: the naive handler.
 """
 
@@ -48,7 +48,7 @@ async def core_wait(
 
 
 class NaiveWaits:
-    """The naive-handler wait of WORKLOADS.md, in the shape of the broker's wait hook:
+    """The naive-handler baseline's wait, in the shape of the broker's wait hook:
     a future per request in a ``dict[key, set[future]]``, awaited under
     ``asyncio.timeout``, resolved by the produce route."""
 

@@ -1,4 +1,4 @@
-"""naive-futures: what an asyncio developer writes without the library (WORKLOADS.md).
+"""naive-futures: what an asyncio developer writes without the library.
 
 Each operation is a future registered in a ``dict[key, set[...]]`` with its
 timeout as a loop timer handle; completion resolves the future, cancels the

@@ -8,9 +8,9 @@ in-process broker, differing only in how a long poll waits:
   :mod:`examples.aiohttp_broker`): a ``DelayedFetch`` watched through the
   integration's ``watch_and_wait``, which also listens for the client leaving;
 * ``purgatory``: the same ``DelayedFetch`` awaited with the core's
-  ``Purgatory.watch_and_wait`` (WORKLOADS.md: "a coroutine per request awaiting
-  the purgatory's operation");
-* ``naive``: WORKLOADS.md's *naive-handler*: the handler registers a future in
+  ``Purgatory.watch_and_wait``: a coroutine per request awaiting the purgatory's
+  operation, the contender the naive handler is measured against;
+* ``naive``: the *naive-handler* baseline: the handler registers a future in
   a ``dict[key, set[future]]`` and awaits it under ``asyncio.timeout(max_wait)``;
   the produce route resolves the futures of its partition.
 

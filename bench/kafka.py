@@ -1,15 +1,19 @@
 """``python -m bench kafka``: unmodified librdkafka clients against purgatory-broker.
 
 A three-broker cluster (3 partitions, replication factor 3, ``min.insync.replicas=2``)
-runs in a subprocess on the loop under test. For acks=1 and then acks=all, two
+runs in a subprocess on the loop under test. For acks=1, acks=all and acks=all with an
+idempotent producer (``enable.idempotence``: the brokers check every batch's sequence
+numbers; librdkafka, like every client, allows idempotence with acks=all only, and its
+idempotent producer has one produce request per partition in flight at a time, so
+flat out it sends fewer, larger requests, each waiting for replication), two
 consumers long-poll the topic (``fetch.wait.max.ms``) while one producer sends
 ``--records`` records of ``--size`` bytes as fast as librdkafka batches them. Reported:
 records/s produced (first send to last delivery report), produce latency p50/p99 (from
 ``produce()`` to the delivery report) both for 2,000 records sent at 2,000/s first and for
 the flat-out run (where it is mostly librdkafka's own queue),
 records/s consumed end to end, and the produce and fetch purgatories' sizes sampled
-every 250 ms. The ratios compare acks=all with acks=1 in the same run; run with
-``--loop both`` to compare the loops.
+every 250 ms. The ratios compare acks=all with acks=1, and the idempotent producer with
+the plain one at acks=all, in the same run; run with ``--loop both`` to compare the loops.
 """
 
 from __future__ import annotations
@@ -39,11 +43,14 @@ from ._common import (
     resolve_loops,
 )
 
-ACKS = ("1", "all")
+#: The producer settings compared: label -> (acks, enable.idempotence).
+SETTINGS = {"1": ("1", False), "all": ("all", False), "all+idempotence": ("all", True)}
 CONSUMERS = 2
 #: Records sent first at a steady rate, for latency without librdkafka's queueing.
 PACED, PACED_RATE = 2_000, 2_000.0
 WARMUP = 100
+#: Records each producer sends before its timed ones (three producers per setting).
+PRODUCER_WARMUP = 10
 PARTITIONS = 3
 #: Hang guard for start-up, delivery and consumption, never a timing claim.
 GUARD_S = 120.0
@@ -192,6 +199,7 @@ def _produce(
     size: int,
     progress: Progress,
     rate: float = 0.0,
+    idempotence: bool = False,
 ) -> Record:
     """Send ``n`` records, as fast as librdkafka takes them (``rate`` 0) or paced."""
     from confluent_kafka import Producer
@@ -200,10 +208,18 @@ def _produce(
         {
             "bootstrap.servers": bootstrap,
             "acks": acks,
+            "enable.idempotence": idempotence,
             "linger.ms": 5,
             "queue.buffering.max.messages": 100_000,
         }
     )
+    # A few records first, outside the timing: a new producer's start (an idempotent one
+    # waits up to 500 ms for a broker connection before it asks for its producer ID)
+    # is not what the figures are about.
+    for _ in range(PRODUCER_WARMUP):
+        producer.produce(topic, b"w")
+    if producer.flush(GUARD_S) != 0:
+        raise RuntimeError(f"acks={acks}: warm-up records undelivered after {GUARD_S:.0f} s")
     sent = [0.0] * n
     latencies: list[float] = []
     errors: list[str] = []
@@ -257,26 +273,48 @@ def measure(loop_name: str, args: argparse.Namespace, progress: Progress) -> Rec
     results: Record = {}
     with running_broker(loop_name) as broker:
         progress.info(f"   broker on {loop_name}: ports {broker.ports}")
-        for acks in ACKS:
-            topic = f"bench-acks-{acks}"
+        for label, (acks, idempotence) in SETTINGS.items():
+            topic = f"bench-acks-{label.replace('+', '-')}"
             _create(broker.bootstrap, topic)
-            consumers = Consumers(broker.bootstrap, topic, WARMUP + PACED + n, args.fetch_wait_ms)
+            consumers = Consumers(
+                broker.bootstrap,
+                topic,
+                WARMUP + PACED + n + 3 * PRODUCER_WARMUP,
+                args.fetch_wait_ms,
+            )
             try:
                 # Until every follower fetches the new topic, acks=all waits for them to start.
-                _produce(broker.bootstrap, topic, acks, WARMUP, args.size, Progress(quiet=True))
+                _produce(
+                    broker.bootstrap,
+                    topic,
+                    acks,
+                    WARMUP,
+                    args.size,
+                    Progress(quiet=True),
+                    idempotence=idempotence,
+                )
                 broker.window()
                 paced = _produce(
-                    broker.bootstrap, topic, acks, PACED, args.size, progress, rate=PACED_RATE
+                    broker.bootstrap,
+                    topic,
+                    acks,
+                    PACED,
+                    args.size,
+                    progress,
+                    rate=PACED_RATE,
+                    idempotence=idempotence,
                 )
                 flat_out_from = time.monotonic()
-                produced = _produce(broker.bootstrap, topic, acks, n, args.size, progress)
+                produced = _produce(
+                    broker.bootstrap, topic, acks, n, args.size, progress, idempotence=idempotence
+                )
                 delivered_at = time.monotonic()
                 if not consumers.wait_for_all(delivered_at + GUARD_S):
                     raise RuntimeError(f"acks={acks}: consumers got {consumers.received} records")
             finally:
                 consumers.stop()
             time.sleep(0.3)  # one more statistics line after the last fetch
-            results[acks] = {
+            results[label] = {
                 **produced,
                 "paced": {"rate": PACED_RATE, **paced},
                 "consumed": consumers.received,
@@ -317,7 +355,7 @@ def main(argv: list[str]) -> int:
     per_loop: dict[str, Record] = {}
     for loop_name in resolve_loops(args.loop, progress):
         results = per_loop[loop_name] = measure(loop_name, args, progress)
-        one, every = results["1"], results["all"]
+        one, every, idem = results["1"], results["all"], results["all+idempotence"]
         ratios = {
             "records_per_s_acks_all_vs_1": ratio(every["records_per_s"], one["records_per_s"]),
             "paced_p50_acks_all_vs_1": ratio(
@@ -328,10 +366,19 @@ def main(argv: list[str]) -> int:
             ),
             "p50_acks_all_vs_1": ratio(every["latency_ms"]["p50"], one["latency_ms"]["p50"]),
             "p99_acks_all_vs_1": ratio(every["latency_ms"]["p99"], one["latency_ms"]["p99"]),
+            "records_per_s_idempotent_vs_plain": ratio(
+                idem["records_per_s"], every["records_per_s"]
+            ),
+            "paced_p50_idempotent_vs_plain": ratio(
+                idem["paced"]["latency_ms"]["p50"], every["paced"]["latency_ms"]["p50"]
+            ),
+            "paced_p99_idempotent_vs_plain": ratio(
+                idem["paced"]["latency_ms"]["p99"], every["paced"]["latency_ms"]["p99"]
+            ),
         }
         headline = [
             (
-                f"acks={acks} produced/s | consumed/s | p50/p99 ms at {PACED_RATE:,.0f}/s | "
+                f"acks={label} produced/s | consumed/s | p50/p99 ms at {PACED_RATE:,.0f}/s | "
                 "p50/p99 ms flat out | peak produce/fetch pending",
                 f"{r['records_per_s']:,.0f} | {r['consumed_per_s']:,.0f} | "
                 f"{r['paced']['latency_ms']['p50']:.1f}/{r['paced']['latency_ms']['p99']:.1f} | "
@@ -339,7 +386,7 @@ def main(argv: list[str]) -> int:
                 f"{r['purgatories'].get('peak_produce_pending', 0)}/"
                 f"{r['purgatories'].get('peak_fetch_pending', 0)}",
             )
-            for acks, r in results.items()
+            for label, r in results.items()
         ]
         headline += [(name, f"{v:.2f}x" if v is not None else "-") for name, v in ratios.items()]
         record = make_record(
@@ -361,10 +408,10 @@ def main(argv: list[str]) -> int:
         )
         publish(record, loop_name, progress, args.results_dir)
     if len(per_loop) == 2:
-        for acks in ACKS:
+        for label in SETTINGS:
             value = ratio(
-                per_loop["uvloop"][acks]["records_per_s"],
-                per_loop["asyncio"][acks]["records_per_s"],
+                per_loop["uvloop"][label]["records_per_s"],
+                per_loop["asyncio"][label]["records_per_s"],
             )
-            progress.result(f"acks={acks} records/s uvloop vs asyncio: {value or 0:.2f}x")
+            progress.result(f"acks={label} records/s uvloop vs asyncio: {value or 0:.2f}x")
     return 0

@@ -1,8 +1,8 @@
 """``python -m bench proto-timer``: a C prototype of the timer core, measured by W3.
 
-Issue 12 asks whether the wheel must move to a hand-written extension to reach
-Kafka's flat ~110-160 ns per add+cancel at 1M pending, and for a prototype's
-figures before committing to it. ``bench/proto/cwheel.c`` is that prototype: the
+Would the wheel have to move to a hand-written extension to reach Kafka's flat
+~110-160 ns per add+cancel at 1M pending? This answers with a prototype's
+figures before committing to one. ``bench/proto/cwheel.c`` is that prototype: the
 handle returned to Python is itself the node of its bucket's intrusive list,
 handles are not tracked by the garbage collector and come from a pool of huge
 pages (its header says what each of these is meant to buy). This command
@@ -12,7 +12,7 @@ w3``) on four contenders in one process: the harness, ``purgatory_aio.Timer``
 (the build installed), the prototype, and ``loop.call_later``.
 
 The prototype is not part of the library and nothing imports it outside this
-command and its smoke test.
+command and its tests, which ``make bench-proto`` runs (never ``make test``).
 """
 
 from __future__ import annotations

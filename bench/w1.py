@@ -67,11 +67,11 @@ _monotonic = time.monotonic
 
 CONTENDERS = ("harness", "purgatory", "naive-futures")
 #: W1-user adds the user's own code alone (UserCodeContender), and that code with the calls
-#: API.md requires (ApiFloorContender): the floors under any library.
+#: the public contract requires (ApiFloorContender): the floors under any library.
 USER_CONTENDERS = (*CONTENDERS, "user-code", "api-floor")
 
 #: Kafka's Java purgatory and timer (trunk, Aug 2026) on this machine type, driven by
-#: the W1 schedule: CPU per operation net of its driver (issue 12).
+#: the W1 schedule: CPU per operation net of its driver. The goal W1-user is held to.
 KAFKA_JAVA_NET_US = 2.5
 
 
@@ -367,7 +367,7 @@ class HarnessContender:
 
 
 async def _two_tries(op: W1UserOp) -> bool:
-    """The calls API.md makes per watch, with nothing else: an awaited coroutine that
+    """The calls the contract makes per watch, with nothing else: an awaited coroutine that
     tries the operation, (would watch it,) and tries it again."""
     return op.try_complete() or op.try_complete()
 
@@ -384,7 +384,7 @@ class UserCodeContender(HarnessContender):
     """
 
     name = "user-code"
-    #: Whether each arrival also makes the calls API.md requires (ApiFloorContender).
+    #: Whether each arrival also makes the calls the contract requires (ApiFloorContender).
     api_calls = False
 
     async def enqueue(self, start: int, stop: int) -> list[Any]:
@@ -408,7 +408,7 @@ class UserCodeContender(HarnessContender):
 
 
 class ApiFloorContender(UserCodeContender):
-    """``user-code`` plus the calls into the user's code that API.md itself requires.
+    """``user-code`` plus the calls into the user's code that the contract itself requires.
 
     ``await try_complete_else_watch(op, keys)`` must call ``try_complete`` twice (try,
     watch, try again) inside an awaited coroutine, and completion must call
@@ -675,7 +675,7 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
             ]
             headline.append(
                 (
-                    "net CPU us/op user code + the calls API.md requires | library beyond",
+                    "net CPU us/op user code + the calls the contract requires | library beyond",
                     f"{fmt(floor_net)} | {fmt(purg['net_cpu_us_per_op'] - floor_net)} "
                     f"(naive/floor {fmt_ratio(floor_ceiling)}: the most naive/P any "
                     f"implementation of the contract can reach)",
@@ -708,7 +708,8 @@ def _build_record(loop_name: str, params: W1Params, best: dict[str, Record]) -> 
 
 
 def _user_goals(purg: Record, ratios: Record, note: str) -> list[Record]:
-    """Issue 12's W1-user goals: Kafka's Java net cost, and the saving over naive."""
+    """W1-user's goals: at most Kafka's Java net cost, and a saving over naive (3x compiled,
+    1.5x pure) large enough to be worth a library."""
     net = purg["net_cpu_us_per_op"]
     saving = ratios["net_cpu_per_op naive/purgatory"] or 0.0
     wanted = 3.0 if purgatory_aio.compiled else 1.5

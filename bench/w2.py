@@ -11,7 +11,7 @@ so ``P`` stays constant. Only the step call is timed.
 Two series:
 
 * ``spec``: ``inc = P/100``, i.e. ~1% of the pending operations become
-  satisfiable per step (WORKLOADS.md). The work per step grows with ``P``
+  satisfiable per step, as the workload is defined. The work per step grows with ``P``
   because the completions do; µs per *completed operation* is the flat figure.
 * ``fixed``: ``inc = 10`` at every ``P``, so µs per *step* shows what the
   structure costs beyond the completions themselves (flat for an index, linear
@@ -60,8 +60,9 @@ TIMEOUT = 3600.0  # nothing expires: W2 measures completion, not the timer
 
 CONTENDERS = ("watch-list", "threshold-index", "naive-futures", "user-code")
 
-#: Kafka's own purgatory on this workload (WORKLOADS.md): µs per step at P = 100k,
-#: 1 % satisfied per step, which its walk over the key's watch list dominates.
+#: Kafka's own Java purgatory, driven by this workload's schedule on this machine type:
+#: µs per step at P = 100k, 1 % satisfied per step, which its walk over the key's watch
+#: list dominates.
 KAFKA_JAVA_US_PER_STEP_100K = 4_608.0
 SERIES = ("spec", "fixed")
 

@@ -6,8 +6,8 @@ so none fires), then measure, keeping exactly ``N`` pending throughout:
 * **add+cancel of a random long delay** (the goal's figure): add a timer due at a
   random delay drawn like the pending ones and cancel it, ``pairs`` times. This is
   what a request costs the timer when it completes before its timeout, among ``N``
-  others: what Kafka's timer does per satisfied operation, and what the Java
-  figure of WORKLOADS.md counts. Reported as ns per pair.
+  others: what Kafka's timer does per satisfied operation, and what the figure
+  measured for Kafka's Java timer counts. Reported as ns per pair.
 * **churn** (harsher, reported beside it): ``pairs`` times cancel a *random
   other* pending handle and add a new one in its place. Reaching one of a million
   handles at random is a cache miss into memory for any timer (and the harness's

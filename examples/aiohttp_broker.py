@@ -21,6 +21,7 @@ from examples.http_broker_common import (
     Reply,
     Settings,
     http_error,
+    method_not_allowed,
     settings_from_env_or_exit,
 )
 from purgatory_aio import Purgatory
@@ -62,14 +63,14 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status < 400:
             raise
         message = None
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         if isinstance(exc, web.HTTPNotFound):
             message = f"no route {request.method} {request.path}"
         elif isinstance(exc, web.HTTPMethodNotAllowed):
-            allowed = ", ".join(sorted(exc.allowed_methods))
-            message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+            reply = method_not_allowed(request.method, request.path, exc.allowed_methods)
+            return _json(reply, headers=headers)
         elif isinstance(exc, web.HTTPRequestEntityTooLarge):
             message = f"the body is larger than the {MAX_BODY_BYTES:,} bytes accepted"
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return _json(http_error(exc.status, message), headers=headers)
 
 

@@ -27,6 +27,7 @@ from examples.http_broker_common import (
     Reply,
     Settings,
     http_error,
+    method_not_allowed,
     settings_from_env_or_exit,
 )
 from purgatory_aio import Purgatory
@@ -93,8 +94,10 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}"
     elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("allow", "")
-        message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
+        # Starlette names the header "Allow": look it up whatever its case.
+        allow = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), "")
+        reply = method_not_allowed(request.method, request.url.path, allow.split(","))
+        return _json(reply, headers=exc.headers)
     elif isinstance(exc.detail, str):
         message = exc.detail
     return _json(http_error(exc.status_code, message), headers=exc.headers)

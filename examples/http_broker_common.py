@@ -255,6 +255,15 @@ def http_error(status: int, message: str | None = None) -> Reply:
     return status, {"error": known.name, "message": message or known.description}
 
 
+def method_not_allowed(method: str, path: str, allowed: Iterable[str]) -> Reply:
+    """The 405 error: which methods the path takes, as its ``Allow`` header lists them."""
+    methods = ", ".join(sorted({m.strip().upper() for m in allowed if m.strip()}))
+    return http_error(
+        HTTPStatus.METHOD_NOT_ALLOWED,
+        f"{method} is not allowed on {path}; use {methods or 'another route'}",
+    )
+
+
 class HttpBroker:
     """An in-process cluster behind the HTTP routes; a topic is created by its first produce.
 
@@ -570,7 +579,7 @@ def _fetch_reply(tp: TopicPartition, response: FetchResponse) -> Reply:
             {
                 "offset": offset + i,
                 "key": None if r.key is None else r.key.decode(errors="replace"),
-                "value": r.value.decode(errors="replace"),
+                "value": None if r.value is None else r.value.decode(errors="replace"),
             }
             for i, r in enumerate(result.records)
         ],

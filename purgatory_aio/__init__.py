@@ -33,5 +33,5 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-#: True when the hot modules were imported as compiled extensions (built by ``hatch_build.py``).
 compiled = not _timer_module.__file__.endswith(".py") if _timer_module.__file__ else False
+"""True when the hot modules were imported as compiled extensions (the compiled build)."""

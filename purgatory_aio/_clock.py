@@ -41,17 +41,26 @@ class Clock(Protocol):
     """
 
     @property
-    def epoch_offset(self) -> float: ...
+    def epoch_offset(self) -> float:
+        """Add it to ``time()`` to get Unix time (for event records)."""
+        ...
 
-    def time(self) -> float: ...
+    def time(self) -> float:
+        """The current time, in seconds (only differences between readings mean anything)."""
+        ...
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
         """Run ``callback`` on the running loop once ``time() >= when`` (maybe later)."""
         ...
 
-    async def sleep(self, delay: float) -> None: ...
+    async def sleep(self, delay: float) -> None:
+        """Return once ``delay`` seconds of this clock's time have passed."""
+        ...
 
-    def attach(self, owner: Quiescent) -> None: ...
+    def attach(self, owner: Quiescent) -> None:
+        """Told of a timer or purgatory built on this clock, so the clock can wait for
+        its callbacks when it moves time; a real-time clock ignores it."""
+        ...
 
 
 class LoopClock:
@@ -71,11 +80,13 @@ class LoopClock:
 
     @property
     def epoch_offset(self) -> float:
+        """Unix time minus monotonic time, measured when the clock was made."""
         return self._epoch_offset
 
     time = staticmethod(time.monotonic)
 
     def call_at(self, when: float, callback: Callable[[], object]) -> Cancellable:
+        """Run ``callback`` on the running loop once ``time() >= when`` (maybe later)."""
         loop = asyncio.get_running_loop()
         # Measured against the loop's own clock: uvloop's is the start of the current
         # iteration, truncated to the millisecond, and it rounds delays to whole
@@ -87,6 +98,7 @@ class LoopClock:
         return loop.call_later(max(0.0, delay), callback)
 
     async def sleep(self, delay: float) -> None:
+        """``asyncio.sleep(delay)``."""
         await asyncio.sleep(delay)
 
     def attach(self, owner: Quiescent) -> None:

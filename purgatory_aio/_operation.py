@@ -59,7 +59,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         offload_callbacks: run synchronous callbacks in a worker thread
             (anyio, bounded by the purgatory's limiter) instead of on the loop.
 
-    Example:
+    Examples:
         >>> class WaitForOffset(DelayedOperation[int]):
         ...     def __init__(self, log, offset, timeout):
         ...         super().__init__(timeout)
@@ -159,6 +159,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def timeout(self) -> float:
+        """The timeout given to ``__init__``, in seconds."""
         try:
             return self._timeout
         except AttributeError:
@@ -197,6 +198,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def cancelled(self) -> bool:
+        """True if it was withdrawn without completing (``on_complete`` never ran)."""
         return bool(_state_of(self) & CANCELLED)
 
     @final

@@ -36,7 +36,7 @@ R = TypeVar("R")
 class Purgatory:
     """Holds delayed operations until their condition holds or their deadline passes.
 
-    Example:
+    Examples:
         >>> async def handle_fetch(p: Purgatory, partition, offset):
         ...     op = DelayedFetch(partition, offset, timeout=0.5)
         ...     return await p.watch_and_wait(op, [partition])
@@ -123,6 +123,7 @@ class Purgatory:
 
     @property
     def closed(self) -> bool:
+        """True once shutdown has begun: new operations are refused with ``PurgatoryClosed``."""
         return self._life.closed
 
     async def shutdown(self, *, expire_pending: bool = True) -> None:
@@ -254,9 +255,11 @@ class Purgatory:
 
     @property
     def clock(self) -> Clock:
+        """The time source of this purgatory and its timer."""
         return self._clock
 
     def time(self) -> float:
+        """The current time of this purgatory's clock (deadlines are on it)."""
         return self._clock.time()
 
     def stats(self) -> PurgatoryStats:

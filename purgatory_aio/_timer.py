@@ -117,6 +117,7 @@ class TimerHandle(TimerEntry):
         return True
 
     def cancelled(self) -> bool:
+        """True once the timer was cancelled before its callback ran."""
         return self._state == _CANCELLED
 
     def pending(self) -> bool:
@@ -159,7 +160,7 @@ class TimerHandle(TimerEntry):
 class Timer:
     """Masses of timeouts at O(1) per add and cancel, on one asyncio reaper.
 
-    Example:
+    Examples:
         >>> async def main():
         ...     timer = Timer()
         ...     handle = timer.call_later(0.05, print, "late")
@@ -269,10 +270,12 @@ class Timer:
 
     @property
     def tick(self) -> float:
+        """The width of a bucket of the finest wheel, in seconds: the timer's resolution."""
         return self._tick
 
     @property
     def clock(self) -> Clock:
+        """The time source deadlines are read from."""
         return self._clock
 
     @property

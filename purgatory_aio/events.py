@@ -5,7 +5,7 @@ A purgatory given an ``event_sink`` hands every operation it settles to
 writers in :mod:`purgatory_aio.eventlog` queue records and write on a worker
 thread. With no sink the purgatory builds no record at all.
 
-Example:
+Examples:
     >>> from purgatory_aio.eventlog import JsonLinesWriter
     >>> sink = JsonLinesWriter("events/")           # doctest: +SKIP
     >>> Purgatory("fetch", event_sink=sink)          # doctest: +SKIP
@@ -70,4 +70,6 @@ class OperationEvent(NamedTuple):
 class EventSink(Protocol):
     """Receives settled-operation records. ``emit`` is called on the loop thread."""
 
-    def emit(self, event: OperationEvent) -> None: ...
+    def emit(self, event: OperationEvent) -> None:
+        """Take one record; must not block the loop (queue it, write elsewhere)."""
+        ...

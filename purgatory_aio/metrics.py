@@ -74,10 +74,12 @@ class PurgatoryCollector:
         self._namespace = namespace
 
     def describe(self) -> Iterator[Metric]:
+        """The metric families, without samples (for the registry's clash check)."""
         # Metric names without samples: lets a registry detect clashes without scraping.
         return self._families([])
 
     def collect(self) -> Iterator[Metric]:
+        """The metric families with every purgatory's current counters and gauges."""
         return self._families([purgatory.stats() for purgatory in self._purgatories])
 
     def _families(self, stats: list[PurgatoryStats]) -> Iterator[Metric]:

@@ -1,6 +1,6 @@
 """Deterministic time for tests and virtual-time simulations.
 
-Example:
+Examples:
     >>> async def test_expires_at_deadline():
     ...     clock = ManualClock()
     ...     async with Purgatory("p", clock=clock) as p:
@@ -95,12 +95,15 @@ class ManualClock:
 
     @property
     def epoch_offset(self) -> float:
+        """The Unix time that reading 0.0 stands for (the ``epoch`` argument)."""
         return self._epoch
 
     def time(self) -> float:
+        """The clock's current reading; it moves only in :meth:`advance`."""
         return self._now
 
     def call_at(self, when: float, callback: Callable[[], object]) -> _ManualHandle:
+        """Run ``callback`` when an advance reaches ``when``."""
         handle = _ManualHandle(when, callback)
         self._armed += 1
         heapq.heappush(self._heap, (when, next(self._seq), handle))

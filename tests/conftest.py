@@ -76,6 +76,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``proto`` compile a C prototype under ``bench/proto/``: they run only
+    when asked for (``-m proto``, as ``make bench-proto`` does), never in the default run."""
+    if "proto" in (config.getoption("-m") or ""):
+        return
+    deselected = [item for item in items if item.get_closest_marker("proto") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker("proto") is None]
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:

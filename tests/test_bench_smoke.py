@@ -190,7 +190,8 @@ def test_kafka_bench_drives_real_clients_on_each_loop(tmp_path: Path) -> None:
     assert sorted(r["loop"] for r in records) == sorted(LOOPS)
     for record in records:
         assert set(record) >= RECORD_KEYS and record["headline"]
-        for acks in ("1", "all"):
+        assert record["ratios"]["records_per_s_idempotent_vs_plain"] is not None
+        for acks in ("1", "all", "all+idempotence"):
             result = record["results"][acks]
             # Every record sent was delivered and consumed (warm-up and paced ones included).
             assert result["records"] == 2000

@@ -3,7 +3,8 @@
 Its figures in ``python -m bench proto-timer`` mean something only if it does the
 same work as ``purgatory_aio.Timer``: these drive it directly with a fake clock
 (no event loop) and check the properties the library's timer guarantees. Then a
-tiny run of the bench on each loop checks that every timer fired.
+tiny run of the bench on each loop checks that every timer fired. They compile the
+prototype, so they run under ``make bench-proto`` only, not in the default test run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import pytest
 
 from bench import proto_timer
 from bench._common import Progress, uvloop_version
+
+#: Compiles bench/proto/cwheel.c: run by `make bench-proto`, left out of `make test`.
+pytestmark = pytest.mark.proto
 
 LOOPS = ["asyncio"] + (["uvloop"] if uvloop_version() else [])
 

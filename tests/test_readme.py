@@ -1,18 +1,20 @@
-"""Every snippet in README.md runs as written.
+"""Every snippet of the README and of the documentation (``docs/**/*.md``) runs as written.
 
-Conventions for README authors:
+Conventions for authors:
 
-* ```` ```python ```` blocks run in file order in one namespace, like a session: a block
-  may use what an earlier block defined (``WaitForOffset``, ``Log``). Each block is a
-  test of its own, which first replays the blocks above it.
-* A block that defines ``test_*`` functions is a test to run: each one is called
-  (``async def`` ones with ``asyncio.run``) after the block, as pytest would.
-* ``<!-- readme-test: skip: <why> -->`` on the line directly above a block leaves it
-  out; ``<!-- readme-test: needs: purgatory-broker on 127.0.0.1:PORT -->`` runs it with
-  the example broker started on that address for it (and stopped after).
-* ```` ```bash ```` blocks are not run (they install, serve, run for minutes), but every
-  command they name must exist: ``make`` targets in the Makefile, ``.venv/bin/``
-  programs, ``python -m`` modules, ``uvicorn`` applications and repository files.
+* Each ```` ```python ```` block is complete on its own: it runs by itself, in a fresh
+  namespace, exactly as a reader would paste it. A block that defines ``test_*``
+  functions is also a test to run: each one is called (``async def`` ones with
+  ``asyncio.run``) after the block, as pytest would.
+* ``<!-- docs-test: skip: <why> -->`` on the line directly above a block leaves it out;
+  ``<!-- docs-test: needs: the purgatory-broker command above -->`` runs it with the
+  example broker started by exactly the ``purgatory-broker`` command of the nearest shell
+  block above it in the same file (and stopped after).
+* ```` ```bash ```` / ```` ```sh ```` blocks are not run (they install, serve, run for
+  minutes), but every command they name must exist: ``make`` targets in the Makefile,
+  ``.venv/bin/`` programs, ``python -m`` modules, ``uvicorn`` applications and repository
+  files.
+* Every relative link of the README leads to a file of the repository.
 """
 
 from __future__ import annotations
@@ -35,29 +37,61 @@ from support import purgatory_broker
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<why>.+?)\s*-->")
+DOCS = ROOT / "docs"
+#: The pages whose blocks run: the README and every page of the site (the generated
+#: benchmark summary, linked into the site from bench/results/, has no code).
+SOURCES = [
+    README,
+    *sorted(p for p in DOCS.rglob("*.md") if not p.is_symlink() and "results" not in p.parts),
+]
+MARKER = re.compile(r"<!--\s*(?:docs|readme)-test:.*?-->")
+SKIP = re.compile(r"<!--\s*(?:docs|readme)-test:\s*skip:\s*(?P<why>.+?)\s*-->")
 NEEDS = re.compile(
-    r"<!--\s*readme-test:\s*needs:\s*purgatory-broker on 127\.0\.0\.1:(?P<port>\d+)\s*-->"
+    r"<!--\s*(?:docs|readme)-test:\s*needs:\s*the purgatory-broker command above\s*-->"
 )
-#: Programs a README command may name that this project does not provide.
+#: Programs a command may name that this project does not provide.
 OUTSIDE_PROGRAMS = frozenset({"curl", "pip", "redis-server", "java"})
+SHELLS = ("bash", "sh", "shell")
 
 
 @dataclass(frozen=True)
 class Block:
+    path: Path
     language: str
     line: int
     code: str
     skip: str | None
-    broker_port: int | None = None
+    #: The arguments of the purgatory-broker command the block needs, if it needs one.
+    broker_args: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
 
 
-def _blocks() -> list[Block]:
+def _commands(code: str) -> list[list[str]]:
+    joined = code.replace("\\\n", " ")
+    commands = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            words.pop(0)  # VAR=value before the program
+        if words:
+            commands.append(words)
+    return commands
+
+
+def _broker_command(blocks: list[Block], path: Path) -> tuple[str, ...]:
+    for block in reversed(blocks):
+        if block.language in SHELLS:
+            for words in _commands(block.code):
+                if words[0].endswith("purgatory-broker"):
+                    return tuple(words[1:])
+    raise AssertionError(f"{path}: a block needs the purgatory-broker command above, but none is")
+
+
+def _blocks(path: Path) -> list[Block]:
     blocks: list[Block] = []
-    lines = README.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
     i = 0
     while i < len(lines):
         opening = re.fullmatch(r"```(\w+)\s*", lines[i])
@@ -75,20 +109,21 @@ def _blocks() -> list[Block]:
         needs = NEEDS.fullmatch(above)
         blocks.append(
             Block(
+                path,
                 opening.group(1),
                 start + 1,
                 "\n".join(body),
                 marker and marker["why"],
-                int(needs["port"]) if needs else None,
+                _broker_command(blocks, path) if needs else None,
             )
         )
         i += 1
     return blocks
 
 
-BLOCKS = _blocks()
+BLOCKS = [block for source in SOURCES for block in _blocks(source)]
 PYTHON = [b for b in BLOCKS if b.language == "python"]
-BASH = [b for b in BLOCKS if b.language in ("bash", "sh", "shell")]
+BASH = [b for b in BLOCKS if b.language in SHELLS]
 
 
 def _run(block: Block, namespace: dict[str, Any]) -> None:
@@ -102,15 +137,17 @@ def _run(block: Block, namespace: dict[str, Any]) -> None:
                 asyncio.run(result)
 
 
-def test_the_readme_has_python_blocks() -> None:
-    assert len(PYTHON) >= 5, "no python blocks found: is the README's fence format unchanged?"
+def test_the_readme_and_the_docs_have_python_blocks() -> None:
+    assert any(b.path == README for b in PYTHON), "the README's example is gone"
+    assert len(PYTHON) >= 15, "few python blocks found: is the fence format unchanged?"
 
 
-def test_skip_markers_are_only_used_with_a_reason() -> None:
-    text = README.read_text(encoding="utf-8")
-    for marker in re.findall(r"<!--\s*readme-test:.*?-->", text):
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_markers_are_only_used_as_documented(source: Path) -> None:
+    text = source.read_text(encoding="utf-8")
+    for marker in MARKER.findall(text):
         assert SKIP.fullmatch(marker) or NEEDS.fullmatch(marker), (
-            f"unknown readme-test marker {marker!r}"
+            f"{source.relative_to(ROOT)}: unknown docs-test marker {marker!r}"
         )
 
 
@@ -122,14 +159,11 @@ def test_python_block_runs_as_written(
         pytest.skip(f"{block}: {block.skip}")
     # Snippets may write files (an event log): into a scratch directory.
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": "readme"}
-    for earlier in PYTHON[: PYTHON.index(block)]:
-        if not earlier.skip and earlier.broker_port is None:
-            _run(earlier, namespace)
-    if block.broker_port is None:
+    namespace: dict[str, Any] = {"__name__": "snippet"}
+    if block.broker_args is None:
         _run(block, namespace)
         return
-    with _purgatory_broker(block.broker_port, tmp_path / "broker.log"):
+    with _purgatory_broker(block.broker_args, tmp_path / "broker.log"):
         try:
             _run(block, namespace)
         finally:
@@ -137,30 +171,27 @@ def test_python_block_runs_as_written(
 
 
 @contextmanager
-def _purgatory_broker(port: int, log_path: Path) -> Iterator[None]:
-    """The example broker on ``port``, as the README starts it, for one block."""
+def _purgatory_broker(args: tuple[str, ...], log_path: Path) -> Iterator[None]:
+    """The example broker started with exactly ``args``, for one block."""
+    port = int(args[args.index("--port") + 1]) if "--port" in args else 9092
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
             pytest.skip(f"port {port} is in use here: the snippet needs it for its broker")
-    with purgatory_broker(log_path, "--port", str(port)):
+    with purgatory_broker(log_path, *args):
         yield
+
+
+def test_the_readme_links_only_to_files_of_the_repository() -> None:
+    text = README.read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        assert (ROOT / target).exists(), f"README.md links to {target}, which is not here"
 
 
 def _make_targets() -> set[str]:
     text = (ROOT / "Makefile").read_text(encoding="utf-8")
     return set(re.findall(r"^([A-Za-z][\w-]*)\s*:(?!=)", text, flags=re.MULTILINE))
-
-
-def _commands(code: str) -> list[list[str]]:
-    joined = code.replace("\\\n", " ")
-    commands = []
-    for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
-        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-            words.pop(0)  # VAR=value before the program
-        if words:
-            commands.append(words)
-    return commands
 
 
 def _module_exists(name: str) -> bool:

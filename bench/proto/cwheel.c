@@ -1,5 +1,5 @@
 /*
- * Prototype: the timer core as a hand-written C extension (issue 12, W3).
+ * Prototype: the timer core as a hand-written C extension, measured by W3.
  *
  * Not part of the library. `python -m bench proto-timer` compiles it into
  * build/proto/ and measures it with W3's own drivers beside purgatory_aio.Timer

@@ -37,6 +37,7 @@ from .protocol import PartitionFetchResult as PartitionFetchResult
 from .protocol import PartitionProduceResult as PartitionProduceResult
 from .protocol import ProduceRequest as ProduceRequest
 from .protocol import ProduceResponse as ProduceResponse
+from .protocol import ProducerIdentity as ProducerIdentity
 from .protocol import TopicMetadata as TopicMetadata
 from .protocol import TopicSpec as TopicSpec
 from .records import RECORD_OVERHEAD as RECORD_OVERHEAD
@@ -65,6 +66,7 @@ __all__ = [
     "ProduceResponse",
     "Producer",
     "ProducerConfig",
+    "ProducerIdentity",
     "Record",
     "TopicMetadata",
     "TopicPartition",

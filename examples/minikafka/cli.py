@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="producer max.in.flight.requests.per.connection (default: %(default)s)",
     )
     parser.add_argument(
+        "--idempotence",
+        action="store_true",
+        help="idempotent producers: the brokers drop retried batches they already have",
+    )
+    parser.add_argument(
         "--events",
         type=Path,
         metavar="DIR",
@@ -238,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         virtual_time=args.virtual_time,
         rate=args.rate,
         max_in_flight=args.max_in_flight,
+        idempotence=args.idempotence,
     )
     problems = config.problems() + output_path_problems(args.json, args.events)
     if problems:

@@ -15,6 +15,7 @@ class ErrorCode(IntEnum):
     NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
     BROKER_NOT_AVAILABLE = 8
+    #: Kafka's MESSAGE_TOO_LARGE: a record batch over ``message.max.bytes``.
     RECORD_TOO_LARGE = 10
     INVALID_TOPIC = 17
     NOT_ENOUGH_REPLICAS = 19
@@ -27,7 +28,11 @@ class ErrorCode(IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
+    INVALID_CONFIG = 40
     INVALID_REQUEST = 42
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_RECORD = 87
 
     @property
     def retriable(self) -> bool:

@@ -28,6 +28,14 @@ ACKS_ALL: Final = -1
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerIdentity:
+    """An idempotent producer: the id the broker handed out and its epoch."""
+
+    producer_id: int
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ProduceRequest:
     """Records to append, grouped by partition.
 
@@ -36,12 +44,20 @@ class ProduceRequest:
         acks: 0 (no response), 1 (the leader appended) or -1 (all in-sync replicas have them).
         timeout: seconds an ``acks=-1`` request may wait for replication.
         client_id: who sent it, for logs.
+        producer: set by an idempotent producer: each partition's records are then one
+            batch whose ``sequence`` numbers the broker checks (a retry of a batch it
+            already has is acknowledged with the first offsets and not appended again).
+        batch_bytes: the size of each partition's batch as it arrived, checked against
+            the topic's ``max.message.bytes``; without it the records' sizes plus a
+            batch header are.
     """
 
     records: Mapping[TopicPartition, Sequence[Record]]
     acks: int = ACKS_ALL
     timeout: float = 30.0
     client_id: str = ""
+    producer: ProducerIdentity | None = None
+    batch_bytes: Mapping[TopicPartition, int] | None = None
 
     def __post_init__(self) -> None:
         check_seconds("timeout", self.timeout)
@@ -120,10 +136,12 @@ class FetchResponse:
 
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
-    """A topic to create."""
+    """A topic to create; ``max_message_bytes`` (Kafka's ``max.message.bytes``) overrides
+    the broker's ``message_max_bytes`` for it."""
 
     partitions: int
     replication_factor: int
+    max_message_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

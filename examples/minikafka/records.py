@@ -21,21 +21,24 @@ class TopicPartition(NamedTuple):
 class Record(NamedTuple):
     """One message as producers send it and consumers receive it.
 
+    ``value`` None is a tombstone (Kafka's null value, a delete in a compacted
+    topic), as is a header value of None: both are kept apart from ``b""``.
     ``delay`` asks the broker to hold the record back: it joins the log (and
     becomes visible to consumers) ``delay`` seconds after the broker accepted it.
     ``producer_id`` and ``sequence`` are stamped by the producer client per
-    partition; the broker stores them untouched (it does not deduplicate), which
-    makes duplicates and reordering caused by retries visible in the log.
+    partition. The broker checks them only for an idempotent producer
+    (:attr:`~minikafka.protocol.ProduceRequest.producer`); otherwise it stores them
+    untouched, which makes duplicates and reordering caused by retries visible in the log.
     """
 
-    value: bytes
+    value: bytes | None
     key: bytes | None = None
     timestamp: float = 0.0
     delay: float = 0.0
     producer_id: int = -1
     sequence: int = -1
     #: Kafka record headers, kept for real clients (the simulator sends none).
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
     @property
     def size(self) -> int:
@@ -45,4 +48,5 @@ class Record(NamedTuple):
 
 def record_size(record: Record) -> int:
     key = record.key
-    return RECORD_OVERHEAD + len(record.value) + (0 if key is None else len(key))
+    value = record.value
+    return RECORD_OVERHEAD + (0 if value is None else len(value)) + (0 if key is None else len(key))

@@ -1,6 +1,6 @@
 """The report run: event log in, ``summary.json``, Parquet tables, charts and ``report.md`` out.
 
-Example:
+Examples:
     >>> from purgatory_aio.analytics.report import run
     >>> from purgatory_aio.analytics.session import create_session
     >>> report = run("events/", "report/", spark=create_session("local[2]"))  # doctest: +SKIP

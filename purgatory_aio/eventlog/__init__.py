@@ -4,7 +4,7 @@ Both writers queue records without blocking the event loop and write them on a
 worker thread; :class:`ParquetWriter` needs pyarrow (the ``parquet`` extra),
 which is imported only when one is created.
 
-Example:
+Examples:
     >>> from purgatory_aio.eventlog import ParquetWriter
     >>> with ParquetWriter("events/", roll_seconds=60) as sink:   # doctest: +SKIP
     ...     async with Purgatory("fetch", event_sink=sink) as p:

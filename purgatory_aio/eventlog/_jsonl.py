@@ -21,7 +21,7 @@ class JsonLinesWriter(QueuedEventWriter[bytes]):
     Needs nothing beyond the standard library. See :class:`QueuedEventWriter`
     for queueing, batching, rolling and drop counting.
 
-    Example:
+    Examples:
         >>> with JsonLinesWriter("events/") as sink:          # doctest: +SKIP
         ...     async with Purgatory("fetch", event_sink=sink) as p:
         ...         ...

@@ -76,6 +76,7 @@ class FanoutStats:
     queued: int = 0  # gauge: events waiting to be published
 
     def as_dict(self) -> dict[str, int | bool]:
+        """Every field by name, ready for ``json.dumps``."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -160,6 +161,7 @@ class Fanout(ABC):
 
     @property
     def purgatories(self) -> tuple[Purgatory, ...]:
+        """The purgatories this fan-out applies events to."""
         return tuple(self._purgatories)
 
     # -- publishing ------------------------------------------------------------------------------
@@ -247,6 +249,7 @@ class Fanout(ABC):
         return list(self._watching)
 
     def stats(self) -> FanoutStats:
+        """A snapshot of the counters and gauges; ``stats().as_dict()`` is JSON-ready."""
         self._sweep()
         stats = self._stats
         stats.watched_keys = len(self._watching)

@@ -56,6 +56,7 @@ _log = get_logger("purgatory_aio.fanout.redis")
 
 #: The environment variable read when no URL is given.
 ENV_URL = "PURGATORY_AIO_REDIS_URL"
+"""The environment variable ``RedisFanout(None)`` reads its Redis URL from."""
 
 # Raise the stored value to max(old, new) and announce it; a replay or a lower value is
 # neither stored nor published (everyone has seen a value at least as high, or will at
@@ -420,6 +421,7 @@ class RedisFanout(Fanout):
         return values
 
     def stats(self) -> Any:
+        """:meth:`Fanout.stats`, with the events waiting in the publish queue."""
         stats = super().stats()
         stats.queued = len(self._queue)
         return stats

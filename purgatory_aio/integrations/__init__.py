@@ -45,6 +45,7 @@ _GONE = "the client disconnected before the answer was ready"
 #: Registers ``callback`` to run once if the client disconnects; returns the function
 #: that unregisters it. Each framework module builds one per request.
 OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+"""Registers a callback run once the request's client disconnects; returns its remover."""
 
 
 class ClientDisconnected(Exception):
@@ -148,9 +149,11 @@ class Purgatories:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The purgatories' names, in the order they were added."""
         return tuple(self._by_name)
 
     def stats(self) -> list[PurgatoryStats]:
+        """Each purgatory's :meth:`~purgatory_aio.Purgatory.stats`, in the order added."""
         return [purgatory.stats() for purgatory in self]
 
     async def start(self) -> None:

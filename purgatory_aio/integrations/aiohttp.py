@@ -100,6 +100,7 @@ def _http_errors() -> contextlib.AbstractContextManager[None]:
 
 #: The application's :class:`~purgatory_aio.integrations.Purgatories`.
 PURGATORIES: Final = web.AppKey("purgatory_aio.purgatories", Purgatories)
+"""The application key of every purgatory :func:`setup_purgatories` runs."""
 
 
 @functools.cache
@@ -111,6 +112,7 @@ def purgatory_key(name: str) -> web.AppKey[Purgatory]:
 
 #: The application's :class:`~purgatory_aio.fanout.Fanout`, when it has one.
 FANOUT: Final = web.AppKey("purgatory_aio.fanout", Fanout)
+"""The application key of the fan-out given to :func:`setup_purgatories`."""
 
 
 def setup_purgatories(

@@ -255,6 +255,7 @@ class Server(uvicorn.Server):
         self._purgatories = purgatories
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Shut the application's purgatories down (every client answered), then the server."""
         registry = self._purgatories
         if registry is None and self.config.loaded:
             registry = _find_purgatories(self.config.loaded_app)

@@ -82,6 +82,7 @@ class Raw(RawConnection):
         protocols: tuple[tuple[str, bytes], ...] = (("range", b"meta"),),
         session_ms: int = SESSION_MS,
         rebalance_ms: int = 5000,
+        instance: str | None = None,
     ) -> Any:
         schema = load_request_schema(JOIN_GROUP, version)
         item = nested(schema, "protocols")
@@ -92,7 +93,7 @@ class Raw(RawConnection):
             session_timeout=datetime.timedelta(milliseconds=session_ms),
             rebalance_timeout=datetime.timedelta(milliseconds=rebalance_ms),
             member_id=member,
-            group_instance_id=None,
+            group_instance_id=instance,
             protocol_type=protocol_type,
             protocols=tuple(item(name=n, metadata=m) for n, m in protocols),
             reason=None,
@@ -114,6 +115,7 @@ class Raw(RawConnection):
         *,
         version: int = 3,
         protocol_name: str | None = None,
+        instance: str | None = None,
     ) -> Any:
         schema = load_request_schema(SYNC_GROUP, version)
         item = nested(schema, "assignments")
@@ -123,7 +125,7 @@ class Raw(RawConnection):
             group_id=group,
             generation_id=generation,
             member_id=member,
-            group_instance_id=None,
+            group_instance_id=instance,
             protocol_type="consumer" if protocol_name else None,
             protocol_name=protocol_name,
             assignments=tuple(
@@ -131,19 +133,27 @@ class Raw(RawConnection):
             ),
         )
 
-    def heartbeat(self, group: str, member: str, generation: int, *, version: int = 1) -> E:
+    def heartbeat(
+        self,
+        group: str,
+        member: str,
+        generation: int,
+        *,
+        version: int = 1,
+        instance: str | None = None,
+    ) -> E:
         response = self.call(
             HEARTBEAT,
             version,
             group_id=group,
             generation_id=generation,
             member_id=member,
-            group_instance_id=None,
+            group_instance_id=instance,
         )
         error: E = response.error_code
         return error
 
-    def leave(self, group: str, member: str, *, version: int = 1) -> E:
+    def leave(self, group: str, member: str, *, version: int = 1, instance: str | None = None) -> E:
         if version < 3:
             response = self.call(LEAVE_GROUP, version, group_id=group, member_id=member)
             error: E = response.error_code
@@ -153,7 +163,7 @@ class Raw(RawConnection):
             LEAVE_GROUP,
             version,
             group_id=group,
-            members=(build(item, member_id=member, group_instance_id=None, reason=None),),
+            members=(build(item, member_id=member, group_instance_id=instance, reason=None),),
         )
         assert response.error_code is E.none
         error = response.members[0].error_code
@@ -168,6 +178,7 @@ class Raw(RawConnection):
         *,
         topic: str = TOPIC,
         version: int = 3,
+        instance: str | None = None,
     ) -> list[E]:
         schema = load_request_schema(OFFSET_COMMIT, version)
         topic_t = nested(schema, "topics")
@@ -178,7 +189,7 @@ class Raw(RawConnection):
             group_id=group,
             generation_id_or_member_epoch=generation,
             member_id=member,
-            group_instance_id=None,
+            group_instance_id=instance,
             retention_time=datetime.timedelta(milliseconds=-1),
             topics=(
                 topic_t(
@@ -393,8 +404,11 @@ def test_errors_like_kafka(raw: Callable[[], Raw]) -> None:
     # An assign() consumer (no member, generation -1) stores offsets in an empty group.
     assert conn.commit("standalone", "", -1, {0: 4}) == [E.none]
     assert conn.fetch_offsets("standalone", [0]) == {0: 4}
+    # Transactional ids are located (InitProducerId then refuses them at once).
     txn = conn.call(FIND_COORDINATOR, 3, key="txn", key_type=1)
-    assert txn.error_code is E.coordinator_not_available
+    assert (txn.error_code, txn.node_id) == (E.none, 0)
+    share = conn.call(FIND_COORDINATOR, 6, key_type=2, coordinator_keys=("s",))
+    assert share.coordinators[0].error_code is E.coordinator_not_available
     assert conn.leave("g", "nobody") is E.unknown_member_id
 
 
@@ -835,3 +849,61 @@ def test_aiokafka_group_of_two_splits_partitions(groups_broker: RunningBroker) -
 
     first, second = asyncio.run(asyncio.wait_for(run(), 60))
     assert first.isdisjoint(second) and first | second == set(range(PARTITIONS))
+
+
+# -- static members (KIP-345) --------------------------------------------------------------------
+
+
+def test_a_static_member_back_without_its_member_id_takes_its_place_without_a_rebalance(
+    raw: Callable[[], Raw],
+) -> None:
+    first, other, restarted = raw(), raw(), raw()
+    joined = first.join("s", version=5, instance="box-1")  # no MEMBER_ID_REQUIRED round
+    a = joined.member_id
+    assert first.sync("s", a, 1, {a: b"all"}, instance="box-1").assignment == b"all"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(other.join_new, "s", version=5)
+        await_rebalance(first, "s", a, 1)
+        a_join = first.join("s", a, version=5, instance="box-1")
+        b = waiting.result(10).member_id
+    generation = a_join.generation_id
+    assert a_join.leader == a
+    assert first.sync("s", a, generation, {a: b"p0", b: b"p1"}, instance="box-1").assignment == (
+        b"p0"
+    )
+    assert other.sync("s", b, generation).assignment == b"p1"
+    # box-1 restarts: a new member ID, the same generation and assignment, and the old
+    # leader ID answered so that it does not assign again.
+    again = restarted.join("s", version=5, instance="box-1")
+    assert again.error_code is E.none
+    assert again.generation_id == generation and again.leader == a and again.members == ()
+    new = again.member_id
+    assert new != a
+    synced = restarted.sync("s", new, generation, instance="box-1")
+    assert (synced.error_code, synced.assignment) == (E.none, b"p0")
+    assert other.heartbeat("s", b, generation) is E.none  # nobody else rebalances
+    assert restarted.heartbeat("s", new, generation, version=3, instance="box-1") is E.none
+    # The old process is fenced wherever it shows up with its instance ID.
+    fenced = E.fenced_instance_id
+    assert first.heartbeat("s", a, generation, version=3, instance="box-1") is fenced
+    assert first.sync("s", a, generation, instance="box-1").error_code is fenced
+    assert first.join("s", a, version=5, instance="box-1").error_code is fenced
+    assert first.leave("s", a, version=3, instance="box-1") is fenced
+    assert first.commit("s", a, generation, {0: 1}, version=7, instance="box-1") == [fenced]
+    assert first.heartbeat("s", a, generation) is E.unknown_member_id
+    # LeaveGroup by instance ID alone removes the member; the others rebalance then.
+    assert first.leave("s", "", version=3, instance="box-1") is E.none
+    assert restarted.heartbeat("s", new, generation, version=3, instance="box-1") is (
+        E.unknown_member_id
+    )
+    assert other.heartbeat("s", b, generation) is E.rebalance_in_progress
+    assert first.leave("s", "", version=3, instance="box-1") is E.unknown_member_id
+
+
+@pytest.mark.parametrize("instance", ["", "x" * 250, "has space", "slash/no", "\u00e9t\u00e9"])
+def test_absurd_instance_ids_are_invalid_requests_and_the_broker_goes_on(
+    raw: Callable[[], Raw], instance: str
+) -> None:
+    refused = raw().join("odd", version=5, instance=instance)
+    assert refused.error_code is E.invalid_request
+    assert raw().join_new("odd", version=5).error_code is E.none

@@ -1,6 +1,6 @@
 """Helpers for the adversarial lifecycle suite: hostile operations and bounded waits.
 
-Everything here goes through the public API only (API.md and README): an operation's
+Everything here goes through the public API only (docs/contract.md): an operation's
 ``is_completed``/``expired``/``result()``/``await``, the purgatory's ``num_delayed``,
 ``watched``, ``stats()`` and ``event_sink``. Every wait is bounded, so a test that
 would hang on a broken core fails with a message instead.

@@ -1,6 +1,6 @@
 """Hostile inputs and outcomes: keys, numbers and exceptions that say one thing and are another.
 
-Each test names one guarantee, through the public API only (API.md):
+Each test names one guarantee, through the public API only (docs/contract.md):
 
 * keys are told apart exactly as the watch lists' dicts tell them apart (a NaN given
   twice is one key), so ``watched`` counts what is held;
@@ -53,7 +53,8 @@ async def test_watched_returns_to_bound_for_a_key_unequal_to_itself(clock: Manua
         for op in ops:
             assert op.force_complete()
         assert p.num_delayed == 0
-        # API.md: after traffic stops, watched is at most purge_interval above num_delayed.
+        # The contract: after traffic stops, watched is at most purge_interval above
+        # num_delayed (purging keeps the watch lists bounded).
         assert p.watched <= 10, p.stats()
 
 
@@ -332,7 +333,7 @@ async def test_try_complete_else_watch_reports_a_completion_even_if_try_complete
 ) -> None:
     async with Purgatory("p", clock=clock) as p:
         op = CompletesThenRaises(1, completable=True)
-        # API.md: "Returns True if op was completed during this call."
+        # The contract: True if op completed during this call, whatever try_complete did after.
         assert await p.try_complete_else_watch(op, ["k"]) is True, op
         assert await outcome_of(op) == ("result", "completed")
         assert p.stats().callback_errors == 1  # the error is logged and counted

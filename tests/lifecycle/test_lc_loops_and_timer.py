@@ -1,6 +1,6 @@
 """Timer batches, event loops and shutdown from odd places: what each must still guarantee.
 
-Each test names one guarantee, checked through the public API (API.md): a purgatory's
+Each test names one guarantee, checked through the public API (docs/contract.md): a purgatory's
 ``num_delayed``, a timer's ``len()``, an operation's state and ``await``, a
 ManualClock's ``time()`` and ``next_due()``. Every wait is bounded, and nothing sleeps
 in real time beyond a few loop passes.

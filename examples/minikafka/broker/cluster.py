@@ -216,6 +216,14 @@ class Cluster:
             return
         leader = partition.leader
         assert leader is not None
+        end = partition.log_end_offset
+        moved: dict[int, int] = {}
+        for (broker, source), old in self._fetchers.items():
+            if source != leader:
+                reached = old.remove_partition(partition.tp)
+                if reached is not None:
+                    # A follower's copy ends at most where the new leader's does.
+                    moved[broker] = min(reached, end)
         for broker in partition.replicas:
             if broker == leader:
                 continue
@@ -230,4 +238,7 @@ class Cluster:
                         fetcher.run(), name=f"replica-fetcher-{broker}-from-{leader}"
                     )
                 )
-            fetcher.add_partition(partition.tp)
+            state = partition.follower(broker)
+            fetcher.add_partition(
+                partition.tp, moved.get(broker, state.log_end if state is not None else 0)
+            )

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from ..validation import check_int, check_seconds
 
+#: Kafka's default ``message.max.bytes``: 1 MiB of records plus a batch header.
+MESSAGE_MAX_BYTES = 1024 * 1024 + 12
+
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
@@ -23,6 +26,8 @@ class BrokerConfig:
             partition's leader (partitions are elected one after another).
         group_min_session_timeout: smallest session timeout a consumer may ask for.
         group_max_session_timeout: largest session timeout a consumer may ask for.
+        message_max_bytes: the largest record batch a producer may send (Kafka's
+            ``message.max.bytes``); a topic's ``max.message.bytes`` overrides it.
         tick: timing-wheel tick of the broker's purgatories and timer.
         wheel_size: timing-wheel slots per level.
     """
@@ -36,13 +41,20 @@ class BrokerConfig:
     leader_election_delay: float = 0.01
     group_min_session_timeout: float = 1.0
     group_max_session_timeout: float = 300.0
+    message_max_bytes: int = MESSAGE_MAX_BYTES
     tick: float = 0.001
     wheel_size: int = 20
 
     def __post_init__(self) -> None:
-        for name in ("brokers", "min_insync_replicas", "replica_fetch_max_bytes", "wheel_size"):
+        for name in (
+            "brokers",
+            "min_insync_replicas",
+            "replica_fetch_max_bytes",
+            "wheel_size",
+        ):
             check_int(name, getattr(self, name), 1)
         check_int("replica_fetch_min_bytes", self.replica_fetch_min_bytes, 0)
+        check_int("message_max_bytes", self.message_max_bytes, 0)
         for name in (
             "replica_lag_time_max",
             "replica_fetch_wait_max",

@@ -76,12 +76,14 @@ class Controller:
             return ErrorCode.INVALID_PARTITIONS
         if not 1 <= spec.replication_factor <= brokers:
             return ErrorCode.INVALID_REPLICATION_FACTOR
+        if spec.max_message_bytes is not None and spec.max_message_bytes < 0:
+            return ErrorCode.INVALID_CONFIG
         # Kafka's round-robin placement: partition p starts on broker p and wraps around.
         assignment = [
             tuple((p + i) % brokers for i in range(spec.replication_factor))
             for p in range(spec.partitions)
         ]
-        partitions = self._replicas.add_topic(name, assignment)
+        partitions = self._replicas.add_topic(name, assignment, spec.max_message_bytes)
         now = self._clock.time()
         delay = self._config.leader_election_delay
         for partition in partitions:

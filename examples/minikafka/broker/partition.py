@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import ErrorCode
 from ..records import Record, TopicPartition
 from .log import Log
+from .producer_state import ProducerBatchInfo, ProducerStateManager, SequenceCheck, last_sequence
 from .replica import FollowerState
 
 
@@ -20,17 +21,33 @@ class Partition:
     Args:
         tp: the partition.
         replicas: broker ids holding a copy, the preferred leader first.
+        max_message_bytes: the largest record batch a producer may append.
     """
 
-    __slots__ = ("_followers", "high_watermark", "isr", "leader", "log", "replicas", "tp")
+    __slots__ = (
+        "_followers",
+        "high_watermark",
+        "isr",
+        "leader",
+        "log",
+        "max_message_bytes",
+        "producers",
+        "replicas",
+        "tp",
+    )
 
-    def __init__(self, tp: TopicPartition, replicas: tuple[int, ...]) -> None:
+    def __init__(
+        self, tp: TopicPartition, replicas: tuple[int, ...], max_message_bytes: int = 2**31 - 1
+    ) -> None:
         self.tp = tp
         self.replicas = replicas
         self.leader: int | None = None
         self.log = Log()
         self.isr: tuple[int, ...] = ()
         self.high_watermark = 0
+        self.max_message_bytes = max_message_bytes
+        #: Idempotent producers' latest batches, as the leader's log holds them.
+        self.producers = ProducerStateManager()
         self._followers: dict[int, FollowerState] = {}
 
     @property
@@ -51,9 +68,64 @@ class Partition:
         self.isr = self.replicas
         self._advance_high_watermark()
 
+    def fail_over(self, broker_id: int, now: float) -> None:
+        """Make the in-sync follower ``broker_id`` the leader.
+
+        Its copy becomes the log: records beyond what it had fetched are gone (they were
+        never committed, as it was in the ISR), and the producer state is rebuilt from
+        the idempotent batches of that copy, as a Kafka follower builds it while copying.
+        """
+        follower = self._followers.get(broker_id)
+        if follower is None or broker_id not in self.isr:
+            raise ValueError(f"broker {broker_id} is not an in-sync follower of {self.tp}")
+        end = follower.log_end
+        self.log.truncate(end)
+        self.producers.rebuild(self.log.producer_batches())
+        old = self.leader
+        self.leader = broker_id
+        followers = {b: FollowerState(b, now) for b in self.replicas if b != broker_id}
+        for b, state in followers.items():
+            previous = self._followers.get(b)
+            state.log_end = end if b == old or previous is None else min(end, previous.log_end)
+        self._followers = followers
+        self.high_watermark = min(self.high_watermark, end)
+        self._advance_high_watermark()
+
     def append(self, records: Iterable[Record]) -> tuple[int, bool]:
         """Append to the leader log: (offset of the first record, whether the HW moved)."""
         base = self.log.append(records)
+        return base, self._advance_high_watermark()
+
+    def check_sequence(
+        self, producer_id: int, epoch: int, first_sequence: int, count: int
+    ) -> SequenceCheck:
+        """Judge an idempotent batch of ``count`` records before it is appended."""
+        return self.producers.check(
+            producer_id, epoch, first_sequence, last_sequence(first_sequence, count)
+        )
+
+    def append_batch(
+        self,
+        records: Sequence[Record],
+        producer_id: int,
+        epoch: int,
+        first_sequence: int,
+        count: int,
+    ) -> tuple[int, bool]:
+        """Append an idempotent batch that :meth:`check_sequence` passed.
+
+        ``count`` numbers the whole batch; ``records`` may be fewer (the rest held back
+        for delayed delivery). A batch with nothing to append now is remembered by the
+        producer state only.
+        """
+        info = ProducerBatchInfo(
+            producer_id, epoch, first_sequence, last_sequence(first_sequence, count), -1, -1
+        )
+        if not records:
+            self.producers.update(info)
+            return -1, False
+        base = self.log.append_batch(records, info)
+        self.producers.update(self.log.producer_batches()[-1])
         return base, self._advance_high_watermark()
 
     def on_follower_fetch(

@@ -65,6 +65,10 @@ class ReplicaFetcher:
         self.offsets.setdefault(tp, offset)
         self._work.set()
 
+    def remove_partition(self, tp: TopicPartition) -> int | None:
+        """Stop copying ``tp`` (its leader moved); returns the offset reached, if any."""
+        return self.offsets.pop(tp, None)
+
     @property
     def stalled(self) -> bool:
         return self._clock.time() < self._stalled_until

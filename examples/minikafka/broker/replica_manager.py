@@ -22,7 +22,7 @@ from ..protocol import (
     ProduceResponse,
     TopicMetadata,
 )
-from ..records import Record, TopicPartition
+from ..records import Record, TopicPartition, record_size
 from .config import BrokerConfig
 from .delayed_delivery import DelayedDelivery
 from .delayed_fetch import DelayedFetch
@@ -30,6 +30,15 @@ from .delayed_produce import DelayedProduce
 from .partition import Partition
 
 _log = structlog.get_logger("minikafka.replica_manager")
+
+
+#: Bytes of a record batch before its records (Kafka's v2 batch header).
+BATCH_HEADER_BYTES = 61
+
+
+def batch_size(records: Sequence[Record]) -> int:
+    """What a batch of ``records`` weighs against ``max.message.bytes``."""
+    return BATCH_HEADER_BYTES + sum(record_size(r) for r in records)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +91,17 @@ class ReplicaManager:
 
     # -- partitions ----------------------------------------------------------------------------
 
-    def add_topic(self, topic: str, assignment: list[tuple[int, ...]]) -> tuple[Partition, ...]:
+    def add_topic(
+        self,
+        topic: str,
+        assignment: list[tuple[int, ...]],
+        max_message_bytes: int | None = None,
+    ) -> tuple[Partition, ...]:
         """Create a topic's partitions, leaderless, with the given replica lists."""
+        limit = self._config.message_max_bytes if max_message_bytes is None else max_message_bytes
         partitions = tuple(
-            Partition(TopicPartition(topic, i), replicas) for i, replicas in enumerate(assignment)
+            Partition(TopicPartition(topic, i), replicas, limit)
+            for i, replicas in enumerate(assignment)
         )
         self._topics[topic] = partitions
         for partition in partitions:
@@ -109,13 +125,24 @@ class ReplicaManager:
     def partitions(self) -> Mapping[TopicPartition, Partition]:
         return self._partitions
 
-    def elect_leader(self, tp: TopicPartition) -> None:
-        """Make the preferred replica the leader of ``tp`` and tell the followers."""
+    def elect_leader(self, tp: TopicPartition, broker: int | None = None) -> None:
+        """Make the preferred replica the leader of a new partition, or, with ``broker``,
+        move the leadership of a led one to that in-sync follower; tell the followers.
+
+        Writes waiting for replication are re-checked; those the new leader's copy
+        does not hold time out (their producers retry).
+        """
         partition = self._partitions[tp]
-        partition.become_leader(partition.replicas[0], self._clock.time())
+        now = self._clock.time()
+        if broker is None or partition.leader is None:
+            partition.become_leader(partition.replicas[0] if broker is None else broker, now)
+        else:
+            partition.fail_over(broker, now)
+            _log.info("leader_moved", partition=str(tp), leader=broker, isr=list(partition.isr))
         self._start_isr_checks()
         for listener in self._leader_listeners:
             listener(partition)
+        self._high_watermark_moved(tp)
 
     def on_leader_elected(self, listener: Callable[[Partition], None]) -> None:
         """Call ``listener(partition)`` after each leader election (followers start fetching)."""
@@ -183,6 +210,8 @@ class ReplicaManager:
             return results, waiting
         now = self._clock.time()
         min_insync = self._config.min_insync_replicas
+        producer = request.producer
+        sizes = request.batch_bytes
         for tp, records in request.records.items():
             partition = self._partitions.get(tp)
             if partition is None:
@@ -191,10 +220,40 @@ class ReplicaManager:
             if partition.leader is None:
                 results[tp] = PartitionProduceResult(ErrorCode.LEADER_NOT_AVAILABLE)
                 continue
+            size = sizes.get(tp, 0) if sizes is not None else batch_size(records)
+            if size > partition.max_message_bytes:
+                results[tp] = PartitionProduceResult(ErrorCode.RECORD_TOO_LARGE)
+                continue
             if acks == ACKS_ALL and len(partition.isr) < min_insync:
                 # Refused before appending: the producer knows nothing was written.
                 results[tp] = PartitionProduceResult(ErrorCode.NOT_ENOUGH_REPLICAS)
                 continue
+            if producer is not None and records:
+                first = records[0].sequence
+                if first < 0 or producer.epoch < 0 or producer.producer_id < 0:
+                    # An idempotent batch numbers its records from a sequence of 0 or more.
+                    results[tp] = PartitionProduceResult(ErrorCode.INVALID_RECORD)
+                    continue
+                check = partition.check_sequence(
+                    producer.producer_id, producer.epoch, first, len(records)
+                )
+                if check.error is not ErrorCode.NONE:
+                    _log.info(
+                        "produce_refused",
+                        partition=str(tp),
+                        error=check.error.name,
+                        reason=check.message,
+                    )
+                    results[tp] = PartitionProduceResult(check.error)
+                    continue
+                duplicate = check.duplicate_of
+                if duplicate is not None:
+                    # A retry of a batch already appended: the first answer again, and for
+                    # acks=all the same wait for that batch to be replicated.
+                    results[tp] = PartitionProduceResult(ErrorCode.NONE, duplicate.base_offset)
+                    if acks == ACKS_ALL and duplicate.last_offset >= 0:
+                        waiting[tp] = duplicate.last_offset + 1
+                    continue
             immediate: Sequence[Record] = records
             scheduled = 0
             if any(r.delay > 0 for r in records):
@@ -207,7 +266,15 @@ class ReplicaManager:
                         now_due.append(record)
                 immediate = now_due
             base = -1
-            if immediate:
+            if producer is not None and records:
+                base, hw_moved = partition.append_batch(
+                    immediate, producer.producer_id, producer.epoch, first, len(records)
+                )
+                if immediate:
+                    self._after_append(tp, hw_moved)
+                    if acks == ACKS_ALL:
+                        waiting[tp] = partition.log_end_offset
+            elif immediate:
                 base, hw_moved = partition.append(immediate)
                 self._after_append(tp, hw_moved)
                 if acks == ACKS_ALL:

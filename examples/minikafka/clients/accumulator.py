@@ -96,12 +96,26 @@ class RecordAccumulator:
         batch.append(record, delivery, now)
         return opened or batch.size >= self._batch_size
 
-    def reenqueue(self, batch: ProducerBatch) -> None:
-        """Put a batch that failed back at the head of its partition's queue."""
+    def reenqueue(self, batch: ProducerBatch, *, by_sequence: bool = False) -> None:
+        """Put a batch that failed back at the head of its partition's queue.
+
+        With ``by_sequence`` (an idempotent producer) it goes among the other resent
+        batches at the head in the order of their sequence numbers, since the broker
+        accepts a partition's batches only in that order.
+        """
         queue = self._queues.get(batch.tp)
         if queue is None:
             queue = self._queues[batch.tp] = deque()
-        queue.appendleft(batch)
+        index = 0
+        if by_sequence:
+            first = batch.records[0].sequence
+            while (
+                index < len(queue)
+                and queue[index].attempts > 0
+                and queue[index].records[0].sequence < first
+            ):
+                index += 1
+        queue.insert(index, batch)
         self.batches += 1
 
     def drain(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..broker.producer_state import BATCHES_KEPT
 from ..protocol import ACKS_ALL
 from ..validation import check_int, check_seconds
 
@@ -43,6 +44,10 @@ class ProducerConfig:
         delivery_timeout: upper bound from ``send`` to success or failure, retries included.
         max_request_size: cap on the records of one request.
         client_id: name in broker logs.
+        idempotence: send as an idempotent producer (Kafka's ``enable.idempotence``):
+            the broker checks each batch's sequence numbers, so a retry of a batch it
+            already appended is acknowledged, not appended twice. At most five
+            requests may then be in flight (what the broker remembers per producer).
     """
 
     acks: Acks = ACKS_ALL
@@ -55,6 +60,7 @@ class ProducerConfig:
     delivery_timeout: float = 120.0
     max_request_size: int = 1024 * 1024
     client_id: str = "producer"
+    idempotence: bool = False
 
     def __post_init__(self) -> None:
         if self.acks not in (0, 1, ACKS_ALL):
@@ -62,6 +68,11 @@ class ProducerConfig:
         for name in ("batch_size", "max_in_flight", "max_request_size"):
             check_int(name, getattr(self, name), 1)
         check_int("retries", self.retries, 0)
+        if self.idempotence and self.max_in_flight > BATCHES_KEPT:
+            raise ValueError(
+                f"an idempotent producer allows at most {BATCHES_KEPT} requests in flight, "
+                f"got max_in_flight={self.max_in_flight}"
+            )
         for name in ("linger", "retry_backoff", "request_timeout", "delivery_timeout"):
             check_seconds(name, getattr(self, name))
 

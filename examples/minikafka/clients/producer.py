@@ -13,7 +13,7 @@ from purgatory_aio import Clock, Timer, TimerHandle
 
 from ..broker.cluster import Cluster
 from ..errors import ErrorCode, KafkaError
-from ..protocol import ProduceRequest, ProduceResponse, no_latency
+from ..protocol import ProduceRequest, ProduceResponse, ProducerIdentity, no_latency
 from ..records import Record, TopicPartition
 from .accumulator import Delivery, ProducerBatch, RecordAccumulator, SendCallback
 from .config import ProducerConfig
@@ -85,6 +85,7 @@ class Producer:
         self._timer = timer if timer is not None else Timer(clock=cluster.clock)
         self._owns_timer = timer is None
         self.producer_id = producer_id
+        self._identity = ProducerIdentity(producer_id) if config.idempotence else None
         self.response_latency = response_latency
         self._partitioner = Partitioner()
         self._accumulator = RecordAccumulator(config.batch_size, config.linger)
@@ -228,6 +229,7 @@ class Producer:
             acks=config.acks,
             timeout=config.request_timeout,
             client_id=config.client_id,
+            producer=self._identity,
         )
         self.stats.requests += 1
         if config.acks == 0:
@@ -278,7 +280,7 @@ class Producer:
             self.stats.errors[error.name] += 1
             retry_at = now + config.retry_backoff
             if (
-                error.retriable
+                (error.retriable or self._resend_after_gap(error))
                 and batch.attempts <= config.retries
                 and retry_at < batch.created + config.delivery_timeout
                 and not self._closed
@@ -287,10 +289,15 @@ class Producer:
                 batch.retry_at = retry_at
                 if error in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE):
                     self._leaders.pop(batch.tp, None)
-                self._accumulator.reenqueue(batch)
+                self._accumulator.reenqueue(batch, by_sequence=config.idempotence)
             else:
                 self._fail(batch, KafkaError(error, str(batch.tp)))
         self._wake.set()
+
+    def _resend_after_gap(self, error: ErrorCode) -> bool:
+        """An idempotent producer's batch refused as out of order follows an earlier batch
+        that failed and is being resent: it is resent after that one."""
+        return self.config.idempotence and error is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
     def _succeed(self, batch: ProducerBatch, base_offset: int, now: float) -> None:
         stats = self.stats

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ..broker.producer_state import BATCHES_KEPT
+
 #: Faults the simulator can inject, in the order they are described.
 FAULTS: tuple[str, ...] = ("slow-follower", "dead-follower", "silent-consumer", "producer-burst")
 
@@ -42,6 +44,7 @@ class SimConfig:
     delayed_ratio: float = 0.05
     max_delay: float = 10.0
     max_in_flight: int = 5
+    idempotence: bool = False
     network_latency: float = 0.001
     topic: str = "events"
     group: str = "sim-group"
@@ -84,6 +87,11 @@ class SimConfig:
         if counts_ok and not 1 <= min_insync <= self.replicas:
             found.append(
                 f"min-insync must be between 1 and replicas ({self.replicas}), got {min_insync}"
+            )
+        if self.idempotence and self.max_in_flight > BATCHES_KEPT:
+            found.append(
+                f"max-in-flight must be at most {BATCHES_KEPT} with idempotence "
+                f"(the batches a broker remembers per producer), got {self.max_in_flight}"
             )
         if self.acks not in ACKS_CHOICES:
             found.append(f"acks must be one of {', '.join(ACKS_CHOICES)}, got {self.acks!r}")

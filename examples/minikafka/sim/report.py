@@ -108,7 +108,9 @@ class Report:
             f"{c['latency']['p99_ms']:g} ms; {c['redelivered']:,} redelivered after rebalances",
             f"Log ordering per producer and partition: {o['duplicates']:,} duplicates, "
             f"{o['out_of_order']:,} out of order (retries with max.in.flight "
-            f"{cfg['max_in_flight']}); {d['unsettled_records']:,} records unsettled at the end",
+            f"{cfg['max_in_flight']}"
+            f"{', idempotent producers' if cfg.get('idempotence') else ''}); "
+            f"{d['unsettled_records']:,} records unsettled at the end",
         ]
         if d["faults"]:
             lines += ["", "Faults"]

@@ -149,6 +149,7 @@ class Simulation:
                 request_timeout=config.request_timeout,
                 delivery_timeout=6 * config.request_timeout,
                 client_id=f"producer-{producer_id}",
+                idempotence=config.idempotence,
             ),
             producer_id=producer_id,
             timer=timer,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from ..broker.config import BrokerConfig
+from ..broker.config import MESSAGE_MAX_BYTES, BrokerConfig
 from .server import WireCluster, WireConfig
 
 
@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="ISR size acks=all needs (at most the replication factor)",
     )
     parser.add_argument(
+        "--message-max-bytes",
+        type=_int_between(0, 2**31 - 1),
+        default=MESSAGE_MAX_BYTES,
+        help="largest record batch a producer may send (Kafka's message.max.bytes; a topic's "
+        "max.message.bytes overrides it; default %(default)s)",
+    )
+    parser.add_argument(
         "--no-auto-create", action="store_true", help="refuse topics nobody created"
     )
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
@@ -112,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     logging.basicConfig(level=logging.INFO)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    broker = BrokerConfig(brokers=args.brokers, min_insync_replicas=args.min_insync_replicas)
+    broker = BrokerConfig(
+        brokers=args.brokers,
+        min_insync_replicas=args.min_insync_replicas,
+        message_max_bytes=args.message_max_bytes,
+    )
     wire = WireConfig(
         host=args.host,
         port=args.port,

@@ -19,6 +19,12 @@ purgatories of the :class:`~minikafka.broker.Cluster`:
   ``session.timeout.ms`` without a sign of life and removes the member.
 
 Committed offsets belong to the group and outlive its rebalances.
+
+Static members (KIP-345) name themselves with a ``group.instance.id``. Such a member
+that comes back within its session (a restart: it sends no LeaveGroup) takes over its
+old member's place and assignment under a new member ID, without a rebalance of the
+others; whoever still uses the old member ID is fenced (``FENCED_INSTANCE_ID``). It
+leaves by LeaveGroup naming its instance ID, or when its session expires.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import re
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -53,6 +60,8 @@ JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 
 #: Kafka's ``offset.metadata.max.bytes``.
 MAX_OFFSET_METADATA = 4096
+#: A ``group.instance.id`` follows Kafka's rules for names (those of topics).
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _NO_THROTTLE = datetime.timedelta(0)
 
 Protocols = tuple[tuple[str, bytes], ...]
@@ -137,6 +146,8 @@ class Group:
     members: dict[str, Member] = field(default_factory=dict)
     #: Member IDs handed out with MEMBER_ID_REQUIRED, not yet used to join.
     pending: dict[str, Member] = field(default_factory=dict)
+    #: ``group.instance.id -> member ID`` of the static members.
+    static: dict[str, str] = field(default_factory=dict)
     #: ``(topic, partition) -> (offset, leader_epoch, metadata)``.
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = field(default_factory=dict)
 
@@ -269,6 +280,8 @@ class WireGroupCoordinator:
     ) -> JoinResult:
         if not group_id:
             return JoinResult(E.invalid_group_id, member_id)
+        if group_instance_id is not None and not _INSTANCE_ID.fullmatch(group_instance_id):
+            return JoinResult(E.invalid_request, member_id)
         low, high = self._config.group_min_session_timeout, self._config.group_max_session_timeout
         if not low <= session_timeout <= high:
             return JoinResult(E.invalid_session_timeout, member_id)
@@ -277,6 +290,24 @@ class WireGroupCoordinator:
             group = self.groups[group_id] = Group(group_id)
         now = self._clock.time()
         names = {name for name, _ in protocols}
+        static_id = None if group_instance_id is None else group.static.get(group_instance_id)
+
+        if not member_id and static_id is not None:
+            if not group.supports(protocol_type, names):
+                return JoinResult(E.inconsistent_group_protocol, member_id)
+            return await self._replace_static(
+                group,
+                group.members[static_id],
+                session_timeout=session_timeout,
+                rebalance_timeout=rebalance_timeout,
+                protocols=protocols,
+            )
+        if member_id and group_instance_id is not None and static_id != member_id:
+            # Another process with this instance ID took the place over (or it never had
+            # one): this one must stop.
+            return JoinResult(
+                E.fenced_instance_id if static_id is not None else E.unknown_member_id, member_id
+            )
 
         if not member_id or member_id in group.pending:
             if not group.supports(protocol_type, names):
@@ -293,7 +324,7 @@ class WireGroupCoordinator:
                 protocols,
                 now,
             )
-            if first_join and require_known_member_id:
+            if first_join and require_known_member_id and group_instance_id is None:
                 # JoinGroup v4+: the client must come back with this ID (so that a
                 # retried first join cannot leave a ghost member behind).
                 group.pending[member_id] = member
@@ -306,6 +337,8 @@ class WireGroupCoordinator:
             if not group.members:
                 group.protocol_type = protocol_type
             group.members[member_id] = member
+            if group_instance_id is not None:
+                group.static[group_instance_id] = member_id
             return await self._wait_join(group, member, f"{member_id} joined")
 
         member_or_none = group.members.get(member_id)
@@ -335,11 +368,14 @@ class WireGroupCoordinator:
         member_id: str,
         generation: int,
         *,
+        group_instance_id: str | None = None,
         protocol_type: str | None,
         protocol_name: str | None,
         assignments: dict[str, bytes],
     ) -> SyncResult:
         group = self.groups.get(group_id)
+        if group is not None and self._fenced(group, member_id, group_instance_id):
+            return SyncResult(E.fenced_instance_id)
         member = None if group is None else group.members.get(member_id)
         if group is None or member is None:
             return SyncResult(E.unknown_member_id)
@@ -374,8 +410,12 @@ class WireGroupCoordinator:
             self._join.check_and_complete(self._sync_key(group))
         return await asyncio.shield(waiter)
 
-    async def heartbeat(self, group_id: str, member_id: str, generation: int) -> E:
+    async def heartbeat(
+        self, group_id: str, member_id: str, generation: int, group_instance_id: str | None = None
+    ) -> E:
         group = self.groups.get(group_id)
+        if group is not None and self._fenced(group, member_id, group_instance_id):
+            return E.fenced_instance_id
         member = None if group is None else group.members.get(member_id)
         if group is None or member is None or group.state is GroupState.EMPTY:
             return E.unknown_member_id
@@ -387,10 +427,17 @@ class WireGroupCoordinator:
             return E.rebalance_in_progress
         return E.none
 
-    async def leave(self, group_id: str, member_ids: list[str]) -> list[E]:
+    async def leave(self, group_id: str, leaving: list[tuple[str, str | None]]) -> list[E]:
+        """Remove members named by ``(member_id, group_instance_id)``; a static member may
+        be named by its instance ID alone (an empty member ID)."""
         group = self.groups.get(group_id)
         errors: list[E] = []
-        for member_id in member_ids:
+        for member_id, instance_id in leaving:
+            if group is not None and member_id and self._fenced(group, member_id, instance_id):
+                errors.append(E.fenced_instance_id)
+                continue
+            if group is not None and not member_id and instance_id is not None:
+                member_id = group.static.get(instance_id, "")
             member = None if group is None else group.members.get(member_id)
             if group is None or member is None:
                 errors.append(E.unknown_member_id)
@@ -399,9 +446,13 @@ class WireGroupCoordinator:
             errors.append(E.none)
         return errors
 
-    def commit_check(self, group_id: str, member_id: str, generation: int) -> E:
+    def commit_check(
+        self, group_id: str, member_id: str, generation: int, group_instance_id: str | None = None
+    ) -> E:
         """May this member commit now? (Creates the group of an ``assign()`` consumer.)"""
         group = self.groups.get(group_id)
+        if group is not None and self._fenced(group, member_id, group_instance_id):
+            return E.fenced_instance_id
         if group is None:
             if generation >= 0:
                 return E.illegal_generation
@@ -540,6 +591,86 @@ class WireGroupCoordinator:
 
     # -- internals -----------------------------------------------------------------------------
 
+    @staticmethod
+    def _fenced(group: Group, member_id: str, group_instance_id: str | None) -> bool:
+        """Kafka's ``isStaticMemberFenced``: the instance ID belongs to another member ID."""
+        if group_instance_id is None:
+            return False
+        current = group.static.get(group_instance_id)
+        return current is not None and current != member_id
+
+    async def _replace_static(
+        self,
+        group: Group,
+        old: Member,
+        *,
+        session_timeout: float,
+        rebalance_timeout: float,
+        protocols: Protocols,
+    ) -> JoinResult:
+        """A static member came back without its member ID (a restart): a new member ID
+        takes the old one's place, assignment and leadership; the old one is fenced.
+
+        In a stable group, with the same protocols, nobody else rebalances: the member
+        gets the current generation and then its assignment from SyncGroup.
+        """
+        instance_id = old.group_instance_id
+        assert instance_id is not None
+        member_id = f"{instance_id}-{uuid.uuid4()}"
+        member = Member(
+            member_id,
+            instance_id,
+            session_timeout,
+            rebalance_timeout,
+            old.protocol_type,
+            protocols,
+            self._clock.time(),
+            assignment=old.assignment,
+            synced_generation=old.synced_generation,
+        )
+        # The new member takes the old one's place in join order.
+        group.members = {
+            (member_id if mid == old.member_id else mid): (member if m is old else m)
+            for mid, m in group.members.items()
+        }
+        group.static[instance_id] = member_id
+        was_leader = group.leader_id == old.member_id
+        if was_leader:
+            group.leader_id = member_id
+        old.removed = True
+        join, old.join_waiter = old.join_waiter, None
+        if join is not None and not join.done():
+            join.set_result(JoinResult(E.fenced_instance_id, old.member_id))
+        sync, old.sync_waiter = old.sync_waiter, None
+        if sync is not None and not sync.done():
+            sync.set_result(SyncResult(E.fenced_instance_id))
+        self._heartbeat.check_and_complete(self._session_key(group, old))
+        _log.info(
+            "static_member_replaced",
+            group=group.group_id,
+            instance=instance_id,
+            old=old.member_id,
+            new=member_id,
+        )
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return await self._wait_join(group, member, f"{instance_id} rejoined")
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            # The leader may already be assigning to the old member ID: start over.
+            return await self._wait_join(group, member, f"{instance_id} rejoined while syncing")
+        if old.protocols != protocols:
+            return await self._wait_join(group, member, f"{instance_id} changed its protocols")
+        await self._schedule_session(group, member)
+        # The old leader ID is answered, so that a returning leader does not compute an
+        # assignment a stable group would never hand out (Kafka does the same).
+        return JoinResult(
+            E.none,
+            member_id,
+            group.generation,
+            group.protocol_type,
+            group.protocol_name,
+            old.member_id if was_leader else group.leader_id,
+        )
+
     def _candidates_with(self, group: Group, member: Member, names: set[str]) -> set[str]:
         """The protocols common to the other members and to ``names``."""
         common = set(names)
@@ -599,6 +730,9 @@ class WireGroupCoordinator:
             return False
         del group.members[member.member_id]
         member.removed = True
+        instance_id = member.group_instance_id
+        if instance_id is not None and group.static.get(instance_id) == member.member_id:
+            del group.static[instance_id]
         join, member.join_waiter = member.join_waiter, None
         if join is not None and not join.done():
             join.set_result(JoinResult(E.unknown_member_id, member.member_id))
@@ -669,11 +803,13 @@ def _coordinator_error(conn: Connection, group_id: str) -> E | None:
 async def find_coordinator(conn: Connection, version: int, request: Any) -> Any:
     wire = conn.wire
     schema = response_schema(FIND_COORDINATOR, version)
+    # Transactional ids (key type 1) are located too, so that the producer's next
+    # request, InitProducerId, is refused at once instead of this lookup being retried.
     key_type = getattr(request, "key_type", 0)
     keys = list(request.coordinator_keys) if version >= 4 else [request.key]
 
     def locate(key: str) -> dict[str, Any]:
-        if key_type != 0:  # transactions (1) and share groups (2) are not implemented
+        if key_type not in (0, 1):  # share groups (2) are not implemented
             error, message = E.coordinator_not_available, "only consumer groups are coordinated"
         elif wire.groups.closing:
             error, message = E.coordinator_not_available, "shutting down"
@@ -753,6 +889,7 @@ async def sync_group(conn: Connection, version: int, request: Any) -> Any:
             request.generation_id,
             protocol_type=getattr(request, "protocol_type", None),
             protocol_name=getattr(request, "protocol_name", None),
+            group_instance_id=getattr(request, "group_instance_id", None),
             assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
         )
     return build(
@@ -769,14 +906,21 @@ async def heartbeat(conn: Connection, version: int, request: Any) -> Any:
     error = _coordinator_error(conn, request.group_id)
     if error is None:
         error = await conn.wire.groups.heartbeat(
-            request.group_id, request.member_id, request.generation_id
+            request.group_id,
+            request.member_id,
+            request.generation_id,
+            getattr(request, "group_instance_id", None),
         )
     return build(response_schema(HEARTBEAT, version), throttle_time=_NO_THROTTLE, error_code=error)
 
 
 async def leave_group(conn: Connection, version: int, request: Any) -> Any:
     schema = response_schema(LEAVE_GROUP, version)
-    ids = [m.member_id for m in request.members] if version >= 3 else [request.member_id]
+    ids: list[tuple[str, str | None]] = (
+        [(m.member_id, m.group_instance_id) for m in request.members]
+        if version >= 3
+        else [(request.member_id, None)]
+    )
     error = _coordinator_error(conn, request.group_id)
     if error is not None:
         errors = [error] * len(ids)
@@ -804,7 +948,12 @@ async def offset_commit(conn: Connection, version: int, request: Any) -> Any:
     error = _coordinator_error(conn, group_id)
     if error is None:
         error = (
-            groups.commit_check(group_id, request.member_id, request.generation_id_or_member_epoch)
+            groups.commit_check(
+                group_id,
+                request.member_id,
+                request.generation_id_or_member_epoch,
+                getattr(request, "group_instance_id", None),
+            )
             if group_id
             else E.invalid_group_id
         )

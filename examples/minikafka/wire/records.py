@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from aiokafka.record.default_records import (  # type: ignore[import-untyped]
     DefaultRecordBatch,
@@ -19,8 +20,46 @@ class CorruptRecordBatch(ValueError):
     """A produced batch is truncated, not magic 2, or fails its CRC."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProducedBatch:
+    """The one record batch of a partition in a produce request (v3+ allow exactly one)."""
+
+    records: list[Record]
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    transactional: bool
+    size: int
+
+
+def decode_produced(data: bytes) -> ProducedBatch:
+    """The batch of one partition of a produce request.
+
+    Raises :class:`CorruptRecordBatch` for anything but exactly one valid batch.
+    """
+    view = memoryview(data)
+    if len(data) < _BATCH_HEADER:
+        raise CorruptRecordBatch("truncated record batch header")
+    length = int.from_bytes(view[8:12], "big", signed=True)
+    if _BATCH_HEADER + length != len(data):
+        raise CorruptRecordBatch("a produce request must carry exactly one record batch")
+    records = decode_batches(data)
+    batch = DefaultRecordBatch(data)
+    return ProducedBatch(
+        records,
+        batch.producer_id,
+        batch.producer_epoch,
+        batch.base_sequence,
+        bool(batch.is_transactional),
+        len(data),
+    )
+
+
 def decode_batches(data: bytes) -> list[Record]:
-    """Every record of the batches in ``data``, CRC checked (compressed batches included)."""
+    """Every record of the batches in ``data``, CRC checked (compressed batches included).
+
+    Null keys, values and header values stay None.
+    """
     records: list[Record] = []
     pos = 0
     view = memoryview(data)
@@ -41,12 +80,12 @@ def decode_batches(data: bytes) -> list[Record]:
         for index, rec in enumerate(batch):
             records.append(
                 Record(
-                    value=rec.value if rec.value is not None else b"",
+                    value=rec.value,
                     key=rec.key,
                     timestamp=rec.timestamp / 1000.0,
                     producer_id=producer_id,
                     sequence=base_sequence + index if base_sequence >= 0 else -1,
-                    headers=tuple((k, v if v is not None else b"") for k, v in rec.headers),
+                    headers=tuple(rec.headers),
                 )
             )
         pos = end

@@ -21,6 +21,7 @@ from ..protocol import (
     CreateTopicsRequest,
     FetchRequest,
     ProduceRequest,
+    ProducerIdentity,
     TopicSpec,
 )
 from ..records import Record, TopicPartition
@@ -36,13 +37,16 @@ from .codec import (
     response_schema,
     seconds,
 )
-from .records import CorruptRecordBatch, decode_batches, encode_batch
+from .records import CorruptRecordBatch, ProducedBatch, decode_produced, encode_batch
 
 _log = structlog.get_logger("minikafka.wire")
 
 #: Kafka's error codes that the example's ErrorCode does not name.
 CORRUPT_MESSAGE = 2
 UNSUPPORTED_VERSION = 35
+INVALID_TXN_STATE = 48
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+UNKNOWN_PRODUCER_ID = 59
 
 #: How long :meth:`WireCluster.close` lets busy connections write their last answer.
 CLOSE_GRACE_S = 5.0
@@ -160,6 +164,10 @@ class WireCluster:
     def next_producer_id(self) -> int:
         self._producer_ids += 1
         return self._producer_ids
+
+    def issued_producer_id(self, producer_id: int) -> bool:
+        """Whether InitProducerId handed out ``producer_id`` (ids count up from 1)."""
+        return 0 < producer_id <= self._producer_ids
 
     def topic_id(self, topic: str) -> uuid.UUID:
         return uuid.uuid5(_TOPIC_ID_NAMESPACE, topic)
@@ -316,7 +324,9 @@ async def metadata(conn: Connection, version: int, request: Any) -> Any:
 async def produce(conn: Connection, version: int, request: Any) -> Any:
     errors: dict[TopicPartition, int] = {}
     records: dict[TopicPartition, list[Record]] = {}
+    sizes: dict[TopicPartition, int] = {}
     replicas = conn.cluster.replicas
+    producer: ProducerIdentity | None = None
     for topic in request.topic_data:
         for part in topic.partition_data:
             tp = TopicPartition(topic.name, part.index)
@@ -330,14 +340,32 @@ async def produce(conn: Connection, version: int, request: Any) -> Any:
                 errors[tp] = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
                 continue
             try:
-                records[tp] = decode_batches(part.records or b"")
+                batch = decode_produced(part.records or b"")
             except CorruptRecordBatch as exc:
                 _log.warning("corrupt_batch", peer=conn.peer, partition=str(tp), error=str(exc))
                 errors[tp] = CORRUPT_MESSAGE
+                continue
+            identity = _batch_producer(conn, batch)
+            if isinstance(identity, int):
+                errors[tp] = identity
+                continue
+            if records and identity != producer:
+                # Every batch of one request comes from the same producer, or from none.
+                errors[tp] = int(ErrorCode.INVALID_RECORD)
+                continue
+            producer = identity
+            records[tp] = batch.records
+            sizes[tp] = batch.size
     results: dict[TopicPartition, tuple[int, int]] = {tp: (code, -1) for tp, code in errors.items()}
     if records:
         response = await conn.cluster.produce(
-            ProduceRequest(records, acks=request.acks, timeout=_ms(request.timeout))
+            ProduceRequest(
+                records,
+                acks=request.acks,
+                timeout=_ms(request.timeout),
+                producer=producer,
+                batch_bytes=sizes,
+            )
         )
         for tp, result in response.partitions.items():
             results[tp] = (int(result.error), result.base_offset)
@@ -367,6 +395,21 @@ async def produce(conn: Connection, version: int, request: Any) -> Any:
         ),
         throttle_time=datetime.timedelta(0),
     )
+
+
+def _batch_producer(conn: Connection, batch: ProducedBatch) -> ProducerIdentity | int | None:
+    """The idempotent producer of ``batch`` (None for a plain one), or the error code that
+    refuses it."""
+    if batch.transactional:
+        # No transaction can have begun: InitProducerId refuses transactional ids.
+        return INVALID_TXN_STATE
+    if batch.producer_id < 0:
+        return None
+    if batch.producer_epoch < 0 or batch.base_sequence < 0:
+        return int(ErrorCode.INVALID_RECORD)
+    if not conn.wire.issued_producer_id(batch.producer_id):
+        return UNKNOWN_PRODUCER_ID
+    return ProducerIdentity(batch.producer_id, batch.producer_epoch)
 
 
 async def fetch(conn: Connection, version: int, request: Any) -> Any:
@@ -448,7 +491,7 @@ async def list_offsets(conn: Connection, version: int, request: Any) -> Any:
         for part in topic.partitions:
             tp = TopicPartition(topic.name, part.partition_index)
             partition = replicas.partition(tp)
-            code, offset = 0, -1
+            code, offset, timestamp = 0, -1, -1
             if partition is None:
                 code = int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
             elif partition.leader != conn.node:
@@ -457,18 +500,22 @@ async def list_offsets(conn: Connection, version: int, request: Any) -> Any:
                 offset = 0
             elif part.timestamp in (-1, -3):  # LATEST (and MAX_TIMESTAMP, approximated)
                 offset = partition.high_watermark
+            elif part.timestamp < 0:
+                code = int(ErrorCode.INVALID_REQUEST)
             else:
-                # The first offset whose timestamp is at least the one asked for.
-                wanted = part.timestamp / 1000.0
-                hw = partition.high_watermark
-                log = partition.log
-                offset = next((o for o in range(hw) if log[o].timestamp >= wanted), hw)
+                # The first committed offset whose timestamp is at least the one asked for,
+                # with that timestamp; none (-1, -1) when every record is older.
+                found = partition.log.offset_for_time(
+                    part.timestamp / 1000.0, partition.high_watermark
+                )
+                if found is not None:
+                    offset, timestamp = found[0], round(found[1] * 1000)
             parts.append(
                 build(
                     partition_t,
                     partition_index=part.partition_index,
                     error_code=_err(code),
-                    timestamp=-1,
+                    timestamp=timestamp,
                     offset=offset,
                     leader_epoch=-1,  # v4+
                 )
@@ -480,6 +527,7 @@ async def list_offsets(conn: Connection, version: int, request: Any) -> Any:
 async def create_topics(conn: Connection, version: int, request: Any) -> Any:
     wire = conn.wire
     specs: dict[str, TopicSpec] = {}
+    refused: dict[str, tuple[ErrorCode, str]] = {}
     for topic in request.topics:
         partitions = topic.num_partitions if topic.num_partitions > 0 else wire.config.partitions
         factor = (
@@ -487,14 +535,31 @@ async def create_topics(conn: Connection, version: int, request: Any) -> Any:
             if topic.replication_factor > 0
             else wire.config.replication_factor
         )
-        specs[topic.name] = TopicSpec(partitions, factor)
+        limit: int | None = None
+        for config in topic.configs:
+            if config.name != "max.message.bytes":
+                continue  # other topic configs are accepted and not applied
+            value = config.value or ""
+            if not value.isdigit() or int(value) > 2**31 - 1:
+                refused[topic.name] = (
+                    ErrorCode.INVALID_CONFIG,
+                    f"max.message.bytes must be an integer from 0 to 2147483647, got {value!r}",
+                )
+            else:
+                limit = int(value)
+        specs[topic.name] = TopicSpec(partitions, factor, limit)
+    wanted = {name: spec for name, spec in specs.items() if name not in refused}
     if getattr(request, "validate_only", False):
-        errors = {name: ErrorCode.NONE for name in specs}
+        errors = {name: ErrorCode.NONE for name in wanted}
     else:
         result = await conn.cluster.create_topics(
-            CreateTopicsRequest(specs, timeout=_ms(request.timeout))
+            CreateTopicsRequest(wanted, timeout=_ms(request.timeout))
         )
         errors = dict(result.errors)
+    messages = {name: error.name for name, error in errors.items() if error is not ErrorCode.NONE}
+    for name, (error, message) in refused.items():
+        errors[name] = error
+        messages[name] = message
     schema = response_schema(CREATE_TOPICS, version)
     topic_t = nested(schema, "topics")
     topics = []
@@ -504,7 +569,7 @@ async def create_topics(conn: Connection, version: int, request: Any) -> Any:
                 topic_t,
                 name=name,
                 error_code=_err(error),
-                error_message=None if error is ErrorCode.NONE else error.name,  # v1+
+                error_message=messages.get(name),  # v1+
                 num_partitions=specs[name].partitions,  # v5+
                 replication_factor=specs[name].replication_factor,  # v5+
                 configs=(),  # v5+
@@ -514,8 +579,23 @@ async def create_topics(conn: Connection, version: int, request: Any) -> Any:
 
 
 async def init_producer_id(conn: Connection, version: int, request: Any) -> Any:
-    """Hands out producer IDs for idempotent producers (sequences are stored, not checked)."""
+    """Hands out a new producer id (epoch 0) to each idempotent producer, as Kafka does
+    for producers without a transactional id (also when they ask to bump an epoch).
+
+    Transactions are not implemented: a transactional id is refused at once with
+    ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, an error every client treats as fatal
+    (a retriable one, such as ``COORDINATOR_NOT_AVAILABLE``, keeps some retrying until
+    their transaction timeout).
+    """
     schema = response_schema(INIT_PRODUCER_ID, version)
+    if request.transactional_id is not None:
+        _log.info("transactions_refused", peer=conn.peer, transactional_id=request.transactional_id)
+        return schema(
+            throttle_time=datetime.timedelta(0),
+            error_code=_err(TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+            producer_id=-1,
+            producer_epoch=-1,
+        )
     return schema(
         throttle_time=datetime.timedelta(0),
         error_code=_err(0),
