@@ -50,15 +50,18 @@ def find_windows(counts: Sequence[float], bin_seconds: int, kind: str) -> list[W
         counts: Operations per bin, from bin 0.
         bin_seconds: Width of a bin.
         kind: ``"expirations"`` looks for bins far above the median, ``"throughput"``
-            for bins far below it (only between the first and last busy bin: before
-            the first operation and after the last is not a drop).
+            for bins far below it (only strictly between the first and last busy bin:
+            before the first operation and after the last is not a drop, and those two
+            bins are partial).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     busy = [index for index, count in enumerate(counts) if count > 0]
     if not busy:
         return []
-    first, last = (0, len(counts) - 1) if kind == "expirations" else (busy[0], busy[-1])
+    # The first and last busy bins of a log are partial (it starts and ends inside
+    # them): never a drop.
+    first, last = (0, len(counts) - 1) if kind == "expirations" else (busy[0] + 1, busy[-1] - 1)
     judged = list(counts[first : last + 1])
     if len(judged) < MIN_BINS:
         return []

@@ -98,6 +98,8 @@ def test_anomaly_windows_span_a_burst_and_a_steady_log_has_none() -> None:
     for second in range(50, 60):
         stall[second] = 5.0
     assert find_windows(stall, 1, "throughput") == [Window("throughput", 50, 60)]
+    stall[0], stall[-1] = 30.0, 40.0  # a log starts and ends inside its edge bins
+    assert find_windows(stall, 1, "throughput") == [Window("throughput", 50, 60)]
     assert find_windows([0.0, 50.0, 0.0], 1, "expirations") == []  # too few bins to judge
 
 
