@@ -17,9 +17,9 @@ VENV      ?= .venv
 VENV_PURE ?= .venv-pure
 DIST      := dist
 # What goes into each wheel: a change to any of these files rebuilds and reinstalls it.
-CORE_FILES := pyproject.toml hatch_build.py \
+CORE_FILES := pyproject.toml hatch_build.py LICENSE \
 	$(shell find purgatory_aio -type f -not -path '*/__pycache__/*' -not -name '*.py[co]' -not -name '*.so')
-EXAMPLE_FILES := examples/pyproject.toml \
+EXAMPLE_FILES := examples/pyproject.toml examples/LICENSE \
 	$(shell find examples/minikafka -type f -not -path '*/__pycache__/*' -not -name '*.py[co]')
 # Extras of the library and of the examples that the tests, benches and demo use.
 CORE_EXTRAS    := dev
@@ -103,10 +103,11 @@ endef
 # then runs on each build, its snippet and API-reference tests included.
 test: docs test-compiled test-pure
 
-test-compiled: $(VENV)/.installed
+# Each run also needs the other build's wheel: the differential test runs both.
+test-compiled: $(VENV)/.installed $(DIST)/pure/.built
 	$(call pytest_on,$(VENV),compiled)
 
-test-pure: $(VENV_PURE)/.installed
+test-pure: $(VENV_PURE)/.installed $(DIST)/compiled/.built
 	$(call pytest_on,$(VENV_PURE),pure)
 
 lint: install

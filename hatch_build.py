@@ -21,14 +21,19 @@ Two uses:
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +55,18 @@ COMPILED_MODULES = (
     "_purgatory",
 )
 
+#: Hand-written C extensions built beside them, each from ``<name>.c`` in the package:
+#: ``_untrack`` takes pending operations out of the cyclic GC (see ``_gc.py``). The
+#: compiled build fails without them, as without any compiled module.
+NATIVE_MODULES = ("_untrack",)
+
 #: What compiling needs in the build environment (mypyc type-checks the modules,
 #: so the package's own dependencies must be importable too).
 COMPILE_REQUIRES = ["mypy>=1.10", "setuptools>=65", "anyio>=4.4", "structlog>=24.1"]
+
+#: Written beside the compiled extensions: what ``purgatory_aio._native.restore_docs``
+#: gives the compiled classes and coroutine functions at import (see :func:`_carry_docs`).
+DOCS_FILE = "_compiled_docs.json"
 
 ENV_VAR = "PURGATORY_AIO_BUILD"
 MODES = ("auto", "compiled", "pure")
@@ -92,14 +106,16 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     :data:`COMPILED_MODULES`; mypyc's shared runtime library lands in ``out``.
     """
     missing = [name for name in COMPILED_MODULES if not (source / f"{name}.py").is_file()]
+    missing += [f"{name}.c" for name in NATIVE_MODULES if not (source / f"{name}.c").is_file()]
     if missing:
         raise BuildError(
-            f"COMPILED_MODULES in {Path(__file__).name} lists modules that do not exist in "
+            f"COMPILED_MODULES or NATIVE_MODULES in {Path(__file__).name} lists modules that "
+            f"do not exist in "
             f"{source}: {', '.join(missing)}"
         )
     try:
         from mypyc.build import mypycify
-        from setuptools import setup
+        from setuptools import Extension, setup
     except ImportError as exc:
         raise BuildError(
             f"compiling needs {', '.join(COMPILE_REQUIRES[:2])} ({exc.name} is missing)"
@@ -113,11 +129,18 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     sources = [f"{_PACKAGE}/{name}.py" for name in COMPILED_MODULES]
+    docs = _pure_docs(out)
+    (package / DOCS_FILE).write_text(json.dumps(docs["runtime"], indent=1, sort_keys=True))
     cwd = Path.cwd()
     os.chdir(out)
     try:
         extensions = mypycify(sources, opt_level="3", debug_level="0")
         _clear_weakrefs_on_dealloc(extensions)
+        _carry_docs(extensions, docs["c"])
+        extensions += [
+            Extension(f"{_PACKAGE}.{name}", [f"{_PACKAGE}/{name}.c"], extra_compile_args=["-O2"])
+            for name in NATIVE_MODULES
+        ]
         setup(
             name="purgatory-aio-compiled",
             packages=[],
@@ -130,9 +153,9 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     shutil.rmtree(out / "tmp", ignore_errors=True)
     shutil.rmtree(out / "build", ignore_errors=True)
     built = {path.name.split(".", 1)[0] for path in package.glob("*.so")}
-    absent = sorted(set(COMPILED_MODULES) - built)
+    absent = sorted({*COMPILED_MODULES, *NATIVE_MODULES} - built)
     if absent:
-        raise BuildError(f"mypyc produced no extension for: {', '.join(absent)}")
+        raise BuildError(f"the build produced no extension for: {', '.join(absent)}")
     return package
 
 
@@ -169,6 +192,162 @@ def _clear_weakrefs_on_dealloc(extensions: list[Any]) -> None:
             "this mypyc version writes its deallocators differently: the weakref fix in "
             f"{Path(__file__).name} does not apply (build with {ENV_VAR}=pure)"
         )
+
+
+# -- docstrings and signatures -----------------------------------------------------------------
+#
+# mypyc drops every docstring: a compiled class, method or property has none, so help()
+# and IDE hovers show nothing. The build restores what the pure modules say, exactly as
+# the interpreter reports it there (they are imported in a subprocess, from the copy
+# being compiled): methods, functions and properties get it in their C definitions (a
+# method's after the text signature mypyc writes), classes and coroutine functions (whose
+# compiled objects take neither in C) at import, from DOCS_FILE.
+
+
+def _pure_docs(root: Path) -> dict[str, Any]:
+    """What the pure modules under ``root`` document (see :func:`collect_docs`)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--collect-docs", str(root)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+    if done.returncode != 0:
+        raise BuildError(f"reading the docstrings of the pure modules failed:\n{done.stderr}")
+    docs: dict[str, Any] = json.loads(done.stdout)
+    return docs
+
+
+def collect_docs(root: Path) -> dict[str, Any]:
+    """The docstrings and signatures of the compiled modules, read from their pure source.
+
+    ``c``: by the prefix mypyc names a class's (or a module's) C functions with, the
+    docstring of each method, function and property; ``runtime``: by module, the
+    docstring of each class, and the docstring and signature of each coroutine function
+    (a class's as ``Class.name``).
+    """
+    sys.path.insert(0, str(root))
+    c_docs: dict[str, dict[str, str]] = {}
+    runtime: dict[str, dict[str, Any]] = {}
+    for name in COMPILED_MODULES:
+        module = importlib.import_module(f"{_PACKAGE}.{name}")
+        classes: dict[str, str | None] = {}
+        coroutines: dict[str, Any] = {}
+        owners: list[tuple[str, str, Mapping[str, Any]]] = [(name, "", vars(module))]
+        for attr, obj in vars(module).items():
+            if isinstance(obj, type) and obj.__module__ == module.__name__:
+                classes[attr] = obj.__doc__
+                owners.append((f"{name}___{attr}", f"{attr}.", vars(obj)))
+        for prefix, qualifier, namespace in owners:
+            for attr, obj in namespace.items():
+                func = obj.__func__ if isinstance(obj, staticmethod | classmethod) else obj
+                if getattr(func, "__module__", module.__name__) != module.__name__:
+                    continue  # imported, or a class attribute that is no function
+                if inspect.iscoroutinefunction(func):
+                    coroutines[qualifier + attr] = {
+                        "doc": func.__doc__,
+                        "signature": _signature_data(func),
+                    }
+                elif (isinstance(obj, property) or inspect.isfunction(func)) and obj.__doc__:
+                    c_docs.setdefault(prefix, {})[attr] = obj.__doc__
+        runtime[f"{_PACKAGE}.{name}"] = {"classes": classes, "coroutines": coroutines}
+    return {"c": c_docs, "runtime": runtime}
+
+
+def _signature_data(func: Any) -> dict[str, Any]:
+    """``inspect.signature(func)`` as JSON: annotations are strings (postponed
+    evaluation), defaults literals (written as their repr)."""
+    signature = inspect.signature(func)
+    params = []
+    for param in signature.parameters.values():
+        default = None
+        if param.default is not param.empty:
+            default = repr(param.default)
+            _check_literal(default, func)
+        params.append([param.name, int(param.kind), default, _annotation(param.annotation, func)])
+    return {"params": params, "returns": _annotation(signature.return_annotation, func)}
+
+
+def _check_literal(text: str, func: Any) -> None:
+    import ast
+
+    try:
+        ast.literal_eval(text)
+    except ValueError:
+        raise BuildError(
+            f"{func.__qualname__}: default {text} is no literal, so its signature cannot be "
+            "given to the compiled build"
+        ) from None
+
+
+def _annotation(annotation: object, func: Any) -> str | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    if not isinstance(annotation, str):
+        raise BuildError(
+            f"{func.__qualname__}: annotation {annotation!r} is not a string: the compiled "
+            "modules postpone their annotations (from __future__ import annotations)"
+        )
+    return annotation
+
+
+#: A method or module function in one of mypyc's method tables, with its doc: the
+#: text signature mypyc wrote (``name($self, a, b)\n--\n\n``).
+_METHOD_ENTRY = re.compile(
+    r'\{"(?P<name>[^"]+)",\s*\(PyCFunction\)CPyPy_(?P<symbol>\w+),\s*(?P<flags>[\w |]+),'
+    r'\s*PyDoc_STR\((?P<doc>"(?:[^"\\]|\\.)*")\)\}'
+)
+#: A property (or attribute) in a getset table; its doc is the NULL after the setter.
+_GETSET_ENTRY = re.compile(
+    r'\{"(?P<name>\w+)",\s*\(getter\)(?P<prefix>\w+)_get_(?P=name),'
+    r"\s*(?P<setter>NULL|\(setter\)\w+),\s*NULL,"
+)
+
+
+def _carry_docs(extensions: list[Any], docs: dict[str, dict[str, str]]) -> None:
+    """Write the pure modules' docstrings into the generated method and getset tables."""
+    placed = 0
+
+    def method(match: re.Match[str]) -> str:
+        nonlocal placed
+        name, symbol = match["name"], match["symbol"]
+        if not symbol.endswith(f"___{name}"):
+            return match[0]
+        doc = docs.get(symbol[: -len(name) - 3], {}).get(name)
+        if doc is None:
+            return match[0]
+        placed += 1
+        return match[0].replace(match["doc"], f"{match['doc']} {_c_string(doc)}", 1)
+
+    def getset(match: re.Match[str]) -> str:
+        nonlocal placed
+        doc = docs.get(match["prefix"], {}).get(match["name"])
+        if doc is None:
+            return match[0]
+        placed += 1
+        return f"{match[0][: -len('NULL,')]}{_c_string(doc)},"
+
+    for extension in extensions:
+        for source in extension.sources:
+            path = Path(source)
+            text = path.read_text()
+            patched = _GETSET_ENTRY.sub(getset, _METHOD_ENTRY.sub(method, text))
+            if patched != text:
+                path.write_text(patched)
+    if not placed:
+        raise BuildError(
+            "this mypyc version writes its method tables differently: the docstrings in "
+            f"{Path(__file__).name} cannot be placed (build with {ENV_VAR}=pure)"
+        )
+
+
+def _c_string(text: str) -> str:
+    """``text`` as C string literals (UTF-8, every byte outside printable ASCII escaped)."""
+    pieces = []
+    for start in range(0, len(text), 400):  # short literals: some compilers cap their length
+        chunk = text[start : start + 400].encode("utf-8")
+        escaped = "".join(
+            chr(byte) if 0x20 <= byte < 0x7F and chr(byte) not in '"\\?' else f"\\{byte:03o}"
+            for byte in chunk
+        )
+        pieces.append(f'"{escaped}"')
+    return " ".join(pieces)
 
 
 class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
@@ -210,6 +389,7 @@ class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
             force_include[str(extension)] = f"{_PACKAGE}/{extension.name}"
         for runtime in out.glob("*__mypyc*.so"):
             force_include[str(runtime)] = runtime.name
+        force_include[str(package / DOCS_FILE)] = f"{_PACKAGE}/{DOCS_FILE}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         self.app.display_info(
@@ -232,7 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("build/mypyc"))
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--collect-docs", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.collect_docs is not None:  # the build's subprocess (see _pure_docs)
+        print(json.dumps(collect_docs(args.collect_docs)))
+        return 0
     missing = missing_toolchain()
     if missing is not None:
         print(f"cannot compile: {missing}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 python -m bench all [--quick] [--loop asyncio|uvloop|both]
 python -m bench w1 --n 1000000 --rate 0
+python -m bench w5 [--quick]      # 500k parked operations: loop stalls and full GCs
+python -m bench w5 --leak 1000000 # memory held over 1M operations (tracemalloc)
 python -m bench report            # SUMMARY.md and charts from existing records
 python -m bench http ...          # bench.http, handler/HTTP benchmarks
 python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmarks
@@ -9,7 +11,6 @@ python -m bench fanout [--quick]  # bench.fanout, cross-process completion throu
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
 python -m bench proto-timer       # bench.proto_timer, W3 on a C prototype of the timer core
-python -m bench proto-gc          # bench.proto_gc, W1-user with pending operations untracked
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import memory, report, sweep, w1, w2, w3, w4
+from . import memory, report, sweep, w1, w2, w3, w4, w5
 from ._common import RESULTS_DIR, Progress, Record, mark_quick, quiet_logs, resolve_loops
 
 # Subcommands whose module another engineer owns: imported only when asked for.
@@ -36,9 +37,8 @@ DELEGATED = {
     ),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
     "proto-timer": ("bench.proto_timer", "W3 on a C prototype of the timer core"),
-    "proto-gc": ("bench.proto_gc", "W1-user with pending operations out of the GC"),
 }
-SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
+SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "w5", "memory", "sweep")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +78,7 @@ _WORKLOADS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ..
     ("w2", "hot key: watch list vs threshold index vs naive", w2.add_arguments),
     ("w3", "timer core: Timer vs loop.call_later at 1k..1M pending", w3.add_arguments),
     ("w4", "expiration accuracy and idle wake-ups", w4.add_arguments),
+    ("w5", "500k parked operations: loop stalls, full GCs (child per contender)", w5.add_arguments),
     ("memory", "bytes per pending operation (subprocess per size)", memory.add_arguments),
     ("sweep", "highest W1 rate with expiry p99 < 5 ms", sweep.add_arguments),
 )
@@ -116,6 +117,11 @@ def run_workload(name: str, args: argparse.Namespace, progress: Progress) -> lis
         "w2": lambda: w2.run(w2.params_from_args(args), loops, progress, out),
         "w3": lambda: w3.run(w3.params_from_args(args), loops, progress, out),
         "w4": lambda: w4.run(w4.params_from_args(args), loops, progress, out),
+        "w5": lambda: (
+            w5.run(w5.params_from_args(args), loops, progress, out)
+            if args.leak is None
+            else w5.run_leak(args.leak, w5.params_from_args(args), loops, progress)
+        ),
         "memory": lambda: memory.run(memory.params_from_args(args), loops, progress, out),
         "sweep": lambda: sweep.run(sweep.params_from_args(args), loops, progress, out),
     }

@@ -7,7 +7,9 @@ same framework on the same broker, with the same parsing and JSON answers:
 * ``/topics/...``: the example's own routes (the integration's disconnect-aware
   ``watch_and_wait``);
 * ``/core/topics/...``: the core's ``Purgatory.watch_and_wait``, nothing listening
-  for disconnection (what the naive handler is compared with: both only wait);
+  for disconnection (what the naive handler is compared with: both only wait); on FastAPI its
+  fetch route gets the purgatory as an application does, through
+  ``Depends(purgatory_dependency(...))``, so the dependency's cost is in its figures;
 * ``/naive/topics/...``: the naive handler.
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 
 import uvicorn
 from aiohttp import web
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from minikafka.broker import DelayedFetch
 from minikafka.protocol import FetchResponse
@@ -33,7 +35,7 @@ from minikafka.records import TopicPartition
 from examples import aiohttp_broker, fastapi_broker
 from examples.http_broker_common import HttpBroker, Reply, Settings
 from purgatory_aio import Purgatory
-from purgatory_aio.integrations.fastapi import Server
+from purgatory_aio.integrations.fastapi import Server, purgatory_dependency
 
 from ._common import quiet_logs, run_on
 
@@ -138,7 +140,10 @@ async def _serve_fastapi(stop: asyncio.Event) -> None:
                 naive.notify_after(reply, topic, partition)
             return JSONResponse(reply[1], status_code=reply[0])
 
-        @app.get(prefix + RECORDS)
+        # The fetch purgatory, got as a handler gets it (the broker holds the same one).
+        dependencies = [Depends(purgatory_dependency(broker.fetch_purgatory.name))]
+
+        @app.get(prefix + RECORDS, dependencies=dependencies if prefix == "/core" else None)
         async def fetch(request: Request, topic: str, partition: str) -> JSONResponse:
             reply = await broker.fetch(topic, partition, request.query_params, wait)
             return JSONResponse(reply[1], status_code=reply[0])

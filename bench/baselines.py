@@ -86,6 +86,10 @@ class NaiveFutures:
         self._register(waiter, timeout)
         return waiter
 
+    def add(self, waiter: NaiveWaiter, timeout: float) -> None:
+        """Register a waiter the caller built (a subclass carrying its request, W5)."""
+        self._register(waiter, timeout)
+
     def _register(self, waiter: NaiveWaiter, timeout: float) -> None:
         watchers = self.watchers
         for key in waiter.keys:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._common import Progress, Record
 
-ORDER = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "memory", "sweep")
+ORDER = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "w5", "memory", "sweep")
 CHARTS = {
     "cost_vs_pending.png": "Cost per operation against the pending count (W3, W2)",
     "lateness.png": "Expiration lateness distribution (W4, W1)",

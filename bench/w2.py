@@ -24,7 +24,10 @@ each step calls ``on_complete`` of exactly the operations the new value reaches
 (found by their threshold in a dict, the one cost of its own) and lets them go.
 That is what the operation class itself costs per completion (its callback, its
 deallocation), which no library can save: the floor under any contender's µs per
-completed operation.
+completed operation. A fifth, ``api-floor``, also makes the one call into the user's
+code the contract needs per completed operation: its ``try_complete`` (which here
+only tests the condition). It is the floor under any implementation of
+``advance_key``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from .baselines import NaiveFutures
 KEY = "hot"
 TIMEOUT = 3600.0  # nothing expires: W2 measures completion, not the timer
 
-CONTENDERS = ("watch-list", "threshold-index", "naive-futures", "user-code")
+CONTENDERS = ("watch-list", "threshold-index", "naive-futures", "user-code", "api-floor")
 
 #: Kafka's own Java purgatory, driven by this workload's schedule on this machine type:
 #: µs per step at P = 100k, 1 % satisfied per step, which its walk over the key's watch
@@ -102,6 +105,15 @@ class HotKeyOp(DelayedOperation[None]):
         self.settlements.completed_one()
 
 
+class FloorOp(HotKeyOp):
+    """HotKeyOp whose ``try_complete`` only tests the condition (api-floor)."""
+
+    __slots__ = ()
+
+    def try_complete(self) -> bool:
+        return self.counter.value >= self.threshold
+
+
 def _band(rng: random.Random, low: int, count: int) -> list[int]:
     """``count`` consecutive thresholds above ``low``, in random order."""
     band = list(range(low + 1, low + count + 1))
@@ -119,18 +131,23 @@ async def _measure(name: str, pending: int, inc: int, steps: int, seed: int) -> 
     purgatory: Purgatory | None = None
     naive: NaiveFutures | None = None
     step: Any
-    if name == "user-code":
+    if name in ("user-code", "api-floor"):
         held: dict[int, HotKeyOp] = {}
         reached_up_to = [0]
+        tries = name == "api-floor"
+        make = FloorOp if tries else HotKeyOp
 
         async def add(threshold: int) -> None:
-            held[threshold] = HotKeyOp(threshold)
+            held[threshold] = make(threshold)
 
         def step(key: str, value: int) -> int:
             take = held.pop
             done = 0
             for threshold in range(reached_up_to[0] + 1, value + 1):
-                take(threshold).on_complete()
+                op = take(threshold)
+                if tries:  # the one try the contract makes per operation it completes
+                    op.try_complete()
+                op.on_complete()
                 done += 1
             reached_up_to[0] = value
             return done
@@ -299,6 +316,27 @@ def _build_record(
             # Kafka's figure is for P = 100k only; the user's own code is the floor.
             index_step = th[large]["us_per_step"]
             user_step = table["spec"]["user-code"][large]["us_per_step"]
+            floor_step = table["spec"]["api-floor"][large]["us_per_step"]
+            over_user = ratio(index_step, user_step)
+            over_floor = ratio(index_step, floor_step)
+            ratios["threshold index / user code, us/step P=100000"] = over_user
+            ratios["threshold index / api-floor, us/step P=100000"] = over_floor
+            goals.append(
+                goal(
+                    "W2 threshold index cost per step vs the user-code floor at P=100000",
+                    "<= 1.5x",
+                    over_user,
+                    over_user is not None and over_user <= 1.5,
+                    f"vs the floor with the contract's try_complete call: {fmt_ratio(over_floor)}",
+                )
+            )
+            headline.append(
+                (
+                    "us/step P=100000 index | user code | api-floor (index/user, /floor)",
+                    f"{fmt(index_step, 0)} | {fmt(user_step, 0)} | {fmt(floor_step, 0)} "
+                    f"({fmt_ratio(over_user)}, {fmt_ratio(over_floor)})",
+                )
+            )
             vs_kafka = ratio(KAFKA_JAVA_US_PER_STEP_100K, index_step)
             ceiling = ratio(KAFKA_JAVA_US_PER_STEP_100K, user_step)
             ratios["Kafka's walk / threshold index, us/step P=100000"] = vs_kafka

@@ -35,3 +35,8 @@ __version__ = "0.1.0"
 
 compiled = not _timer_module.__file__.endswith(".py") if _timer_module.__file__ else False
 """True when the hot modules were imported as compiled extensions (the compiled build)."""
+
+if compiled:  # mypyc keeps no docstrings: the build saved them (see _native.restore_docs)
+    from ._native import restore_docs as _restore_docs
+
+    _restore_docs()

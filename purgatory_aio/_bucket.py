@@ -33,14 +33,22 @@ CARRY_LEVEL: Final = -1
 #: The level of the bucket that holds a batch being fired (see :meth:`Bucket.detach`).
 #: It is never queued.
 BATCH_LEVEL: Final = -2
+#: The ``expiration`` of a bucket that is not queued. Tick indexes are negative on a
+#: clock that reads below zero (a ManualClock may start anywhere), so the marker lies
+#: outside every index a timer can produce: a timer refuses a clock reading or a
+#: deadline beyond MAX_TICKS (2**53) ticks either way and clamps past deadlines to its
+#: current tick, so a level-0 index lies within +-2**53, and a higher level's
+#: expiration (a multiple of its slot width, at most 2**55 ticks wide) within +-2**56.
+#: Still a small int for the compiled build (mypyc's unboxed range is +-2**62).
+NOT_QUEUED: Final = -(2**60)
 
 
 class Bucket:
     """One slot of one wheel level, or a carry (``level == CARRY_LEVEL``).
 
     ``expiration`` is the tick index at which the bucket comes due at the latest,
-    or -1 while it is not queued; it is processed from ``first`` on. A bucket
-    enters the timer's queue of due times only when its expiration changes, i.e.
+    or :data:`NOT_QUEUED` while it is not queued; it is processed from ``first`` on.
+    A bucket enters the timer's queue of due times only when its expiration changes, i.e.
     at most once per rotation of its wheel.
     """
 
@@ -50,7 +58,7 @@ class Bucket:
         self.head: TimerEntry | None = None
         self.tail: TimerEntry | None = None
         self.size = 0
-        self.expiration = -1
+        self.expiration = NOT_QUEUED
         # The earliest deadline placed in it this rotation (entries cancelled since may
         # leave it too early, never too late): the reaper wakes for it, not for the
         # bucket's end, so an entry is not held back by the rest of its tick.

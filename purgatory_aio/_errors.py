@@ -13,6 +13,10 @@ class PurgatoryClosed(RuntimeError):
     """The purgatory has been shut down and accepts no new operations."""
 
 
+class OutsideLoop(RuntimeError):
+    """A purgatory was used with no event loop running (``start`` says so)."""
+
+
 def not_copyable(obj: object, why: str) -> TypeError:
     """The error ``copy.copy``, ``copy.deepcopy`` and ``pickle`` raise for a live object.
 

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import anyio
 import anyio.to_thread
 
+from . import _gc
 from ._clock import DEFAULT_CLOCK, Clock
-from ._errors import FATAL, PurgatoryClosed
+from ._errors import FATAL, OutsideLoop, PurgatoryClosed
 from ._logging import get_logger
 from ._states import (
     CANCELLED,
@@ -70,6 +71,12 @@ def _not_started() -> bool:
 
 
 _running_loop: Final = asyncio._get_running_loop
+
+# The cyclic-GC helpers (see _gc): statics in the compiled build, so each is one C call
+# with no lookup; None in the pure build.
+_untrack: Final = _gc.untrack
+_track: Final = _gc.track
+_track_container: Final = _gc.track_container
 
 
 class Lifecycle:
@@ -128,7 +135,7 @@ class Lifecycle:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            raise RuntimeError(
+            raise OutsideLoop(
                 f"purgatory {self.name!r} must be used from a running event loop"
             ) from None
         if self._loop is not None:
@@ -204,6 +211,12 @@ class Lifecycle:
             return True
         if not op._state & ENDED:
             self._timer._add(op, deadline)
+            if _untrack is not None:
+                # Pending now, held by the timer until it settles (which tracks it
+                # again): no full collection traverses it meanwhile (see _gc). W1's
+                # outside variant, 1M operations: 1.42 -> 1.05 us net per operation on
+                # asyncio, 1.32 -> 1.08 on uvloop (the class opted out vs not, one run).
+                _untrack(op)
         return False
 
     def _refuse(
@@ -213,7 +226,7 @@ class Lifecycle:
         self._store.unwatch(op, keys)
         op._owner = DETACHED
         op._keys = ()
-        if not isinstance(exc, TypeError | StopIteration):
+        if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
             raise exc
         error: TypeError | None = None
         for key in keys:
@@ -470,6 +483,10 @@ class Lifecycle:
 
     def _settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
         """Record the outcome, release awaiters, emit the event (once per operation)."""
+        if _track is not None:
+            # Every settlement ends here: the operation (untracked while pending, see
+            # watch) and its dict are the collector's again.
+            _track(op)
         if failed:  # a branch the state bits needed anyway: success costs nothing more
             if isinstance(outcome, StopIteration):
                 outcome = _not_a_result(outcome)
@@ -484,6 +501,16 @@ class Lifecycle:
             _release(waiter)
         if self._observed:
             self._observe(op)
+
+    def retrack_pending(self) -> None:
+        """Give every operation still pending, and the containers holding them, back to
+        the cyclic GC: the purgatory that held them is gone (see _gc.DropGuard)."""
+        if _track is None or _track_container is None:
+            return
+        for entry in self._timer._pending():
+            _track(entry)
+        for container in self._store.containers():
+            _track_container(container)
 
     # -- observing settled operations ----------------------------------------------------------
 
@@ -513,9 +540,9 @@ class Lifecycle:
             purgatory=self.name,
             op_type=type(op).op_type or type(op).__name__,
             op_id=next(self._ids),
-            # The keys it was watched under: none if it completed at its first try (its
-            # _store still NOT_WATCHED), though it was handed to the purgatory with some.
-            keys=[str(key) for key in op._keys] if op._store else [],
+            # The keys it was handed to the purgatory with, also when its first try
+            # satisfied it before it was ever watched: it was asked for under them.
+            keys=[str(key) for key in op._keys],
             created_at=deadline - op._timeout + epoch,
             deadline=deadline + epoch,
             settled_at=clock.time() + epoch,
@@ -754,9 +781,10 @@ def _check_watch(op: DelayedOperation[Any], keys: Iterable[Hashable]) -> tuple[H
                 return keys
             return tuple(dict.fromkeys(keys))
         distinct = len(set(keys))
-    except (TypeError, StopIteration) as exc:
-        # A StopIteration must not escape: raised through a coroutine (the callers'),
-        # it would end it as if it had returned.
+    except Exception as exc:
+        # Whatever a key's __hash__ or __eq__ raises becomes a TypeError naming the key. A
+        # StopIteration in particular must not escape: raised through a coroutine (the
+        # callers'), it would end it as if it had returned.
         raise _bad_watch_key(keys, exc) from exc
     if distinct != count:
         keys = tuple(dict.fromkeys(keys))
@@ -787,11 +815,11 @@ def _bad_watch_key(keys: tuple[Hashable, ...], exc: BaseException) -> TypeError:
 
 def _looked_up(store: WatchStore, key: Hashable, indexed: bool) -> bool:
     """Whether ``store`` holds ``key`` (in a threshold index, if ``indexed``), with a key
-    that cannot be hashed or compared refused by name (a StopIteration from its
-    ``__hash__`` or ``__eq__`` must not end a calling coroutine)."""
+    that cannot be hashed or compared refused by name, whatever its ``__hash__`` or
+    ``__eq__`` raised (a StopIteration from them must not end a calling coroutine)."""
     try:
         return key in store.indexes if indexed else store.holds(key)
-    except (TypeError, StopIteration) as exc:
+    except Exception as exc:
         raise _bad_key(key, exc) from exc
 
 

@@ -38,6 +38,7 @@ from ._states import (
 from ._timer import TimerEntry
 from ._validation import INF, check_seconds
 from ._watches import NOT_WATCHED
+from .events import Outcome
 
 __all__ = ["DelayedOperation"]
 
@@ -58,6 +59,17 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         op_type: name used in the event log (the class name by default).
         offload_callbacks: run synchronous callbacks in a worker thread
             (anyio, bounded by the purgatory's limiter) instead of on the loop.
+        untrack_while_pending: True by default: on the compiled build, while a
+            purgatory holds the operation (pending in its timer), the operation
+            and its instance ``__dict__`` are out of the cyclic garbage collector,
+            like msgspec's ``Struct(gc=False)``, so full collections do not
+            traverse parked operations; settling puts them back. Objects only the
+            operation references stay reachable meanwhile, and
+            ``gc.get_referrers`` does not see the operation's ``__dict__`` as a
+            referrer until it settles. Set it to False for a class whose pending
+            operations must stay visible to the collector (``gc.get_referrers``
+            on what they hold, ``gc.get_objects``). The pure build tracks every
+            object as usual.
 
     Examples:
         >>> class WaitForOffset(DelayedOperation[int]):
@@ -86,6 +98,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     op_type: ClassVar[str | None] = None
     offload_callbacks: ClassVar[bool] = False
+    # Read by the compiled build's C helper off the class (see _gc), never per instance.
+    untrack_while_pending: ClassVar[bool] = True
     _async_complete: ClassVar[bool] = False
     _async_expire: ClassVar[bool] = False
     # Whether the callbacks of a satisfied / an expired operation can run inline on the
@@ -99,6 +113,11 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if not isinstance(cls.untrack_while_pending, bool):
+            raise TypeError(
+                f"{cls.__name__}.untrack_while_pending must be True or False, "
+                f"got {cls.untrack_while_pending!r}"
+            )
         cls._unimplemented = tuple(
             name for name in ("on_complete", "try_complete") if _is_abstract(cls, name)
         )
@@ -192,7 +211,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @property
     @final
     def expired(self) -> bool:
-        """True if it was completed by its deadline passing (or by shutdown)."""
+        """True if it was completed by its deadline passing (or by shutdown: :attr:`outcome`
+        tells the two apart)."""
         return bool(_state_of(self) & EXPIRED)
 
     @property
@@ -200,6 +220,22 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     def cancelled(self) -> bool:
         """True if it was withdrawn without completing (``on_complete`` never ran)."""
         return bool(_state_of(self) & CANCELLED)
+
+    @property
+    @final
+    def outcome(self) -> Outcome | None:
+        """How it left *pending*, in the words of the event log and ``stats()``; None
+        while pending.
+
+        ``"completed"``: satisfied (``force_complete``); ``"expired"``: its deadline
+        passed; ``"shutdown"``: the purgatory shut down (``expired`` is True then too,
+        and its callbacks ran as for an expiry); ``"cancelled"``: withdrawn. An
+        operation whose callback raised keeps its outcome and carries the exception
+        (``await op`` raises it). Decided at the transition, before the callbacks run:
+        ``done()`` says when the result is final.
+        """
+        state = _state_of(self)
+        return describe(state) if state & ENDED else None  # type: ignore[return-value]
 
     @final
     def done(self) -> bool:
@@ -278,7 +314,11 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # -- awaiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, R]:
-        if not _state_of(self) & SETTLED:
+        state = _state_of(self)
+        if not state & SETTLED:
+            if not state & ENDED and self._owner is DETACHED:
+                # Pending and in no purgatory: nothing would ever complete or expire it.
+                raise _never_handed_over(self)
             # One future per awaiting task: a task that is cancelled cancels only its own,
             # and the common single awaiter costs one future, no shield around a shared one.
             future = asyncio.get_running_loop().create_future()
@@ -414,6 +454,16 @@ def _uninitialised(op: DelayedOperation[Any]) -> TypeError:
     )
 
 
+def _never_handed_over(op: DelayedOperation[Any]) -> RuntimeError:
+    """What awaiting a pending operation that no purgatory holds raises."""
+    return RuntimeError(
+        f"{op!r} was never handed to a purgatory, so nothing would ever complete or expire "
+        "it and awaiting it would wait for ever: hand it over first "
+        "(purgatory.try_complete_else_watch(op, keys) or purgatory.watch_and_wait(op, keys)), "
+        "or complete or cancel it"
+    )
+
+
 def _forget(op: DelayedOperation[Any], future: asyncio.Future[None]) -> None:
     waiter = op._waiter
     if waiter is future:
@@ -458,4 +508,4 @@ _LIBRARY_ATTRIBUTES: frozenset[str] = frozenset(
         for name in ((names,) if isinstance(names, str) else names)
     }
     | {"__dict__", "__weakref__"}
-) - {"op_type", "offload_callbacks"}
+) - {"op_type", "offload_callbacks", "untrack_while_pending"}

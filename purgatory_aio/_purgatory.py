@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Hashable, Iterable
+from collections.abc import Awaitable, Coroutine, Generator, Hashable, Iterable
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, final
 
 from ._clock import DEFAULT_CLOCK, Clock
-from ._errors import PurgatoryClosed, not_copyable
+from ._errors import OutsideLoop, PurgatoryClosed, not_copyable
+from ._gc import UNTRACKING, DropGuard
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
 from ._native import refuse_subclass
@@ -60,7 +61,7 @@ class Purgatory:
     has no slot for them, so the pure one declares none either).
     """
 
-    __slots__ = ("_clock", "_life", "_shutdown_task", "_store", "_timer", "name")
+    __slots__ = ("_clock", "_drop_guard", "_life", "_shutdown_task", "_store", "_timer", "name")
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         # Final on both builds. The compiled class refuses interpreted subclasses by
@@ -109,6 +110,8 @@ class Purgatory:
             log_operations=log_ops,
         )
         self._shutdown_task: asyncio.Task[None] | None = None
+        # Held by the purgatory alone: dropping the purgatory re-tracks what it holds.
+        self._drop_guard: DropGuard | None = DropGuard(self._life) if UNTRACKING else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -167,32 +170,55 @@ class Purgatory:
 
     # -- the contract --------------------------------------------------------------------------
 
-    async def try_complete_else_watch(
+    # The three ways to hand an operation over admit it at the call, not when the result
+    # is awaited: a forgotten ``await`` (which the compiled build's coroutines would not
+    # even warn about) then loses only the answer, never the operation, which is timed
+    # and settles as any other. Every refusal is raised by the call itself. Called with
+    # no event loop running, to be run by ``asyncio.run`` or ``run_until_complete``, they
+    # return a coroutine that admits the operation once it runs in the loop, as before
+    # (an operation never admitted is refused by ``await op``, so nothing hangs).
+
+    def try_complete_else_watch(
         self, op: DelayedOperation[Any], keys: Iterable[Hashable]
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """Try once; if not completed, watch ``op`` under every key, try again, and
         if still pending add it to the timer (deadline ``now + op.timeout``).
 
-        Returns True if ``op`` was completed during this call.
+        ``await`` it for True if ``op`` was completed during this call. The work is
+        done by the call itself (errors included); the awaitable only reports the
+        answer, so an operation whose call was not awaited is still watched and timed.
         """
-        return self._life.watch(op, keys, None)
+        try:
+            completed = self._life.watch(op, keys, None)
+        except OutsideLoop:
+            return self._watch_in_loop(op, keys, None)
+        return _COMPLETED if completed else _WATCHED
 
-    async def watch_and_wait(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> R:
+    async def _watch_in_loop(
+        self, op: DelayedOperation[Any], keys: Iterable[Hashable], threshold: float | None
+    ) -> bool:
+        return self._life.watch(op, keys, threshold)
+
+    def watch_and_wait(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> Awaitable[R]:
         """Watch ``op`` and return its result, for request handlers.
 
-        If the awaiting task is cancelled (the client went away), ``op`` is
-        cancelled too, so nothing stays pending for a caller who is gone.
+        ``op`` is watched at the call, as by :meth:`try_complete_else_watch`; awaiting
+        returns its result. If the awaiting task is cancelled (the client went away),
+        ``op`` is cancelled too, so nothing stays pending for a caller who is gone.
         """
-        self._life.watch(op, keys, None)
         try:
-            return await op
-        except asyncio.CancelledError:
-            op.cancel()
-            raise
+            self._life.watch(op, keys, None)
+        except OutsideLoop:
+            return self._watch_and_wait_in_loop(op, keys)
+        return _await_or_cancel(op)
 
-    async def watch_threshold(
+    async def _watch_and_wait_in_loop(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> R:
+        self._life.watch(op, keys, None)
+        return await _await_or_cancel(op)
+
+    def watch_threshold(
         self, op: DelayedOperation[Any], key: Hashable, threshold: SupportsFloat
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """Like :meth:`try_complete_else_watch` for one key, indexed by ``threshold``.
 
         For operations waiting for a monotonic per-key value (a high watermark, bytes
@@ -201,7 +227,12 @@ class Purgatory:
         one that declines once its threshold is reached moves to the key's plain
         watch list, so general conditions keep working.
         """
-        return self._life.watch(op, (key,), check_finite(threshold, "threshold"))
+        value = check_finite(threshold, "threshold")
+        try:
+            completed = self._life.watch(op, (key,), value)
+        except OutsideLoop:
+            return self._watch_in_loop(op, (key,), value)
+        return _COMPLETED if completed else _WATCHED
 
     def advance_key(self, key: Hashable, value: SupportsFloat) -> int:
         """The value watched under ``key`` reached ``value``: try exactly the operations
@@ -225,7 +256,7 @@ class Purgatory:
             hash(key)
         except TypeError:
             raise TypeError(f"key {key!r} is not hashable") from None
-        except StopIteration as exc:  # it would end a calling coroutine as a return
+        except Exception as exc:  # a StopIteration would end a calling coroutine
             raise TypeError(f"key {key!r} cannot be hashed: its __hash__ raised {exc!r}") from exc
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         loop.call_soon_threadsafe(self._check_into, key, future)
@@ -292,3 +323,60 @@ class Purgatory:
             f"<Purgatory {self.name!r} delayed={len(self._timer)} watched={self._store.watched}"
             f"{' closed' if self._life.closed else ''}>"
         )
+
+
+@final
+class _Admitted:
+    """What admitting an operation returns: an awaitable answer, computed already.
+
+    It speaks the coroutine protocol (``send``, ``throw``, ``close``, and it is
+    registered as a :class:`collections.abc.Coroutine`), so whatever takes a coroutine
+    takes it: ``asyncio.create_task``, ``asyncio.run``'s callers, anyio's
+    ``start_soon`` and task groups. It has no state, so two instances serve every call
+    (one per answer): each ``send`` ends at once with the answer, each ``await`` runs a
+    fresh generator that does the same.
+    """
+
+    __slots__ = ("_completed",)
+
+    def __init__(self, completed: bool) -> None:
+        self._completed = completed
+
+    def __await__(self) -> Generator[None, None, bool]:
+        return self._completed
+        yield  # never reached: it makes this a generator, which the await then runs
+
+    def send(self, value: object) -> NoReturn:
+        """Finish at once with the answer, as a coroutine with nothing to wait for."""
+        raise StopIteration(self._completed)
+
+    def throw(self, typ: object, val: object = None, tb: object = None) -> NoReturn:
+        """Raise what is thrown in, as a coroutine that has not started would."""
+        if isinstance(typ, BaseException):
+            raise typ
+        if isinstance(typ, type) and issubclass(typ, BaseException):
+            raise val if isinstance(val, typ) else typ() if val is None else typ(val)
+        raise TypeError(f"exceptions must derive from BaseException, not {typ!r}")
+
+    def close(self) -> None:
+        """Nothing to close: the work was done by the call."""
+
+    def __repr__(self) -> str:
+        return f"<admitted: {'completed at once' if self._completed else 'watched'}>"
+
+
+# Registered rather than inherited: the compiled build's native classes cannot take
+# ABCMeta, and registration is all asyncio.iscoroutine and anyio check.
+Coroutine.register(_Admitted)
+
+_COMPLETED: Final = _Admitted(True)
+_WATCHED: Final = _Admitted(False)
+
+
+async def _await_or_cancel(op: DelayedOperation[R]) -> R:
+    """The result of an admitted ``op``; cancelling the wait cancels ``op`` too."""
+    try:
+        return await op
+    except asyncio.CancelledError:
+        op.cancel()
+        raise

@@ -6,6 +6,7 @@ single attribute load, and the winning transition is one guarded update.
 
 from __future__ import annotations
 
+import sys
 import threading
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, Final
@@ -41,15 +42,36 @@ def _interpreted() -> bool:
     return isinstance(_interpreted, FunctionType)
 
 
-#: Whether a transition takes the lock. Interpreted, a thread switch can fall between
-#: the bytecodes that read the state word and the one that writes it back, so two
-#: threads could both see "pending" and both win. Compiled, the read, the test and
-#: the write are a few C statements on a native attribute with no call, allocation or
-#: eval-loop boundary between them: the GIL cannot change hands there, so the region
-#: is atomic as it stands. Skipping the lock there saves the two calls of the lock's
-#: methods (argument parsing included): 520 of the ~8,200 instructions a completion
-#: by advance_key costs in W2 (callgrind), 6 %.
-LOCKED: Final = _interpreted()
+def _gil_enabled() -> bool:
+    """Whether this interpreter runs threads one at a time under the GIL.
+
+    False only on a free-threaded build (3.13t and later) running with the GIL off;
+    interpreters older than ``sys._is_gil_enabled`` always have it.
+    """
+    probe = getattr(sys, "_is_gil_enabled", None)
+    return True if probe is None else bool(probe())
+
+
+def needs_lock(interpreted: bool, gil_enabled: bool) -> bool:
+    """Whether a transition takes the lock, for this build on this interpreter.
+
+    Interpreted, a thread switch can fall between the bytecodes that read the state
+    word and the one that writes it back, so two threads could both see "pending" and
+    both win. Compiled, the read, the test and the write are a few C statements on a
+    native attribute with no call, allocation or eval-loop boundary between them: the
+    GIL cannot change hands there, so under the GIL the region is atomic as it stands.
+    Without the GIL nothing makes it atomic (two threads run those statements at the
+    same time), so the compiled build takes the lock too. Skipping the lock under the
+    GIL saves the two calls of the lock's methods (argument parsing included): 520 of
+    the ~8,200 instructions a completion by advance_key costs in W2 (callgrind), 6 %.
+    """
+    return interpreted or not gil_enabled
+
+
+#: Whether a transition takes the lock (see :func:`needs_lock`). Decided once, at import:
+#: a free-threaded interpreter can turn the GIL on later (an extension module that needs
+#: it), never off again, so a lock taken from the start is never wrong.
+LOCKED: Final = needs_lock(_interpreted(), _gil_enabled())
 
 # One lock for every state transition (of the interpreted build): held for a few
 # bytecodes, never across a call into user code, so contention is negligible and no

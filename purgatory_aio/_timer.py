@@ -28,7 +28,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, final
 
-from ._bucket import BATCH_LEVEL, CARRY_LEVEL, Bucket
+from ._bucket import BATCH_LEVEL, CARRY_LEVEL, NOT_QUEUED, Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
 from ._errors import FATAL, not_copyable
 from ._logging import get_logger
@@ -312,17 +312,27 @@ class Timer:
     def call_at(
         self, when: SupportsFloat, callback: Callable[..., object], *args: Any
     ) -> TimerHandle:
-        """Run ``callback(*args)`` once the clock reads ``when`` (at once if already past)."""
+        """Run ``callback(*args)`` once the clock reads ``when`` (at once if already past).
+
+        Any finite ``when`` below :attr:`horizon` is accepted. One further back than
+        ``-horizon`` (``-sys.float_info.max``, say) is past on every clock the timer
+        accepts (it refuses one reading below that when created, and clocks only move
+        forward): it runs at once like any past deadline, and ``when()`` reads
+        ``-horizon``, the earliest deadline the timer counts in ticks.
+        """
         instant = check_instant(when, "when")
         check_callable(callback, "callback")
-        if instant >= self.horizon:
+        horizon = self.horizon
+        if instant >= horizon:
             raise ValueError(
                 f"when={when!r} is beyond what this timer can place "
-                f"(up to {self.horizon:.6g} on its clock; a finer tick shortens that)"
+                f"(up to {horizon:.6g} on its clock; a finer tick shortens that)"
             )
         self._check_loop()
         handle = TimerHandle(self, callback, args)
-        self._add(handle, instant)
+        # Below -horizon the tick arithmetic of _add would leave the float range
+        # (-1e306 / 1 ms is -inf) after the entry was counted.
+        self._add(handle, instant if instant > -horizon else -horizon)
         return handle
 
     def _check_loop(self) -> None:
@@ -434,10 +444,17 @@ class Timer:
             self._start()
         if self._heap:
             self._reset_queue()
-        now_tick = int(self._clock.time() // self._tick)
+        now_tick = self._tick_of(self._clock.time())
         if now_tick > self._level0.current:
             for level in self._levels:
                 level.advance(now_tick)
+
+    def _tick_of(self, now: float) -> int:
+        """The tick ``now`` falls in, for a clock that may have run past the horizon
+        (1e308 // 1 ms is inf): such a reading stands at the last tick counted."""
+        if now < self.horizon:
+            return int(now // self._tick)
+        return MAX_TICKS
 
     def _place(self, entry: TimerEntry, not_before: int) -> None:
         """(Re-)place an entry already counted, at tick ``not_before`` at the earliest."""
@@ -510,6 +527,17 @@ class Timer:
         if not self._count and not self._reaping:
             self._disarm()
 
+    def _pending(self) -> list[TimerEntry]:
+        """Every pending entry, left in place (in no particular order)."""
+        entries: list[TimerEntry] = []
+        for bucket in [*(b for wheel in self._levels for b in wheel.buckets), *self._carries]:
+            if bucket.size:
+                entries.extend(bucket.entries())
+        if self._firing is not None:
+            held = self._batch
+            entries.extend(entry for entry in self._firing if entry._bucket is held)
+        return entries
+
     def _drain(self) -> list[TimerEntry]:
         """Remove and return every pending entry, in deadline order."""
         entries: list[TimerEntry] = []
@@ -517,7 +545,7 @@ class Timer:
         for bucket in [*buckets, *self._carries]:
             if bucket.size:
                 entries.extend(bucket.take())
-            bucket.expiration = -1
+            bucket.expiration = NOT_QUEUED
         self._carries.clear()
         if self._firing is not None:
             # Called by a callback of a batch being fired: its entries not visited yet.
@@ -636,13 +664,13 @@ class Timer:
                 return
             _heappop(heap)
             if bucket.expiration == expiration:
-                bucket.expiration = -1
+                bucket.expiration = NOT_QUEUED
         self._disarm()
 
     def _reset_queue(self) -> None:
         """With nothing pending, every queued bucket is empty: forget them all."""
         for _, _, _, bucket in self._heap:
-            bucket.expiration = -1
+            bucket.expiration = NOT_QUEUED
         self._heap.clear()
         self._carries.clear()
         self._disarm()
@@ -695,7 +723,7 @@ class Timer:
             _heappop(heap)
             if bucket.expiration != expiration:
                 continue  # queued for a rotation that was reset meanwhile
-            bucket.expiration = -1
+            bucket.expiration = NOT_QUEUED
             if bucket.level != CARRY_LEVEL:
                 for wheel in self._levels:
                     wheel.advance(expiration)
@@ -707,7 +735,7 @@ class Timer:
 
     def _catch_up(self, now: float) -> None:
         """Everything due is flushed: the wheels move on to the clock's tick."""
-        now_tick = int(now // self._tick)
+        now_tick = self._tick_of(now)
         heap = self._heap
         if not heap or heap[0][0] > now_tick:
             for wheel in self._levels:

@@ -1,7 +1,10 @@
 """Where pending operations are watched: per-key watch lists and threshold indexes.
 
 Watch lists are insertion-ordered dicts (one per key), so adding and removing an
-operation is O(1) and a walk visits operations oldest first. They are keyed by a
+operation is O(1) and a walk visits operations oldest first. A key watched by one
+operation alone (a request id) holds that operation itself instead of a dict of
+one: a dict of one entry is two allocations and ~280 bytes that a key of its own
+would cost every operation (W5: 10 -> 8 allocations per pending operation). They are keyed by a
 serial number the store gives an operation when it first enters one
 (``op._ident``), never by the operation itself: an operation class may define
 ``__eq__`` and ``__hash__`` by value (two requests for the same offset compare
@@ -31,6 +34,7 @@ from bisect import bisect_right
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _gc
 from ._states import COMPLETED, ENDED
 
 if TYPE_CHECKING:
@@ -45,6 +49,14 @@ IN_WALK: Final = 3  # taken out of its index by advance_key, held by that walk
 TAKEN: Final = 4  # taken from a walk by cancel_for_key: its one entry is gone already
 
 _order = itertools.count()
+
+# Statics in the compiled build (a C call each, no lookup); None in the pure build.
+# The containers holding pending operations are kept out of the cyclic GC as well (see
+# _gc): a full collection traversing them would read the header of every operation they
+# hold, tracked or not, a cache miss each. A dict tracks itself again whenever an
+# operation (a container) is put in it, so each insertion is followed by an untrack.
+_untrack_container: Final = _gc.untrack_container
+_untrack_items: Final = _gc.untrack_items
 
 
 #: An index entry: (threshold, arrival number, operation). The arrival number is
@@ -84,9 +96,9 @@ class ThresholdIndex:
     __slots__ = ("fresh", "run", "stale", "start")
 
     def __init__(self) -> None:
-        self.run: list[Entry] = []
+        self.run: list[Entry] = _untracked([])
         self.start = 0
-        self.fresh: list[Entry] = []
+        self.fresh: list[Entry] = _untracked([])
         self.stale = 0  # settled operations still held
 
     def __len__(self) -> int:
@@ -98,6 +110,10 @@ class ThresholdIndex:
         fresh = self.fresh
         if not fresh and (self.start == len(run) or threshold >= run[-1][0]):
             run.append(entry)  # still sorted: no live entry of the run is above it
+            if _untrack_items is not None:
+                # The entry exists for this operation alone: out of the cyclic GC with
+                # it (see _gc). Those waiting in the fresh heap are when it is merged.
+                _untrack_items(run, len(run) - 1)
             return
         heapq.heappush(fresh, entry)
         if len(fresh) > MERGE_MIN and len(fresh) > (len(run) - self.start) >> 3:
@@ -116,7 +132,7 @@ class ThresholdIndex:
             del run[: self.start]
             self.start = 0
         fresh = self.fresh
-        self.fresh = []
+        self.fresh = _untracked([])
         fresh.sort()
         if run and fresh[0] < run[-1]:
             cut = bisect_right(run, fresh[0])
@@ -126,7 +142,10 @@ class ThresholdIndex:
             tail.sort()
             run.extend(tail)
         else:
+            cut = len(run)
             run.extend(fresh)
+        if _untrack_items is not None:
+            _untrack_items(run, cut)
 
     def _live_run(self) -> list[Entry]:
         return self.run[self.start :]
@@ -164,17 +183,17 @@ class ThresholdIndex:
     def compact(self) -> int:
         """Drop settled operations; return how many entries were removed."""
         before = len(self)
-        self.run = [e for e in self._live_run() if not e[2]._state & ENDED]
+        self.run = _untracked([e for e in self._live_run() if not e[2]._state & ENDED])
         self.start = 0
-        self.fresh = [entry for entry in self.fresh if not entry[2]._state & ENDED]
+        self.fresh = _untracked([entry for entry in self.fresh if not entry[2]._state & ENDED])
         heapq.heapify(self.fresh)
         self.stale = 0
         return before - len(self)
 
     def clear(self) -> None:
-        self.run = []
+        self.run = _untracked([])
         self.start = 0
-        self.fresh = []
+        self.fresh = _untracked([])
 
     def operations(self) -> list[DelayedOperation[Any]]:
         """Every operation in the index, lowest threshold first."""
@@ -186,6 +205,18 @@ class ThresholdIndex:
 
 def _threshold(entry: Entry) -> float:
     return entry[0]
+
+
+def _untracked(entries: list[Entry]) -> list[Entry]:
+    """``entries``, a list an index holds its entries in, out of the cyclic GC. A list
+    stays untracked whatever is appended (it never tracks itself again)."""
+    if _untrack_container is not None:
+        _untrack_container(entries)
+    return entries
+
+
+#: A watch list of two or more operations, by their ``_ident``.
+WatchList = dict[object, "DelayedOperation[Any]"]
 
 
 class WatchStore:
@@ -205,7 +236,8 @@ class WatchStore:
 
     def __init__(self, purge_interval: int) -> None:
         # key -> {op._ident: op}
-        self.lists: dict[Hashable, dict[object, DelayedOperation[Any]]] = {}
+        # key -> the operation alone under it, or {op._ident: op} for two or more
+        self.lists: dict[Hashable, WatchList | DelayedOperation[Any]] = {}
         self.indexes: dict[Hashable, ThresholdIndex] = {}
         # The walks of advance_key under way, per key (nested ones when a callback
         # advances the same key again): the operations each took out of the index.
@@ -231,7 +263,13 @@ class WatchStore:
         return serial
 
     def key_count(self) -> int:
-        return len(self.lists.keys() | self.indexes.keys())
+        try:
+            return len(self.lists.keys() | self.indexes.keys())
+        except Exception:
+            # A watched key whose __eq__ raises, met by one of an equal hash in the other
+            # mapping (it was accepted while nothing else shared its hash): stats() must
+            # still answer, so the keys are told apart by identity.
+            return len({id(key) for key in self.lists} | {id(key) for key in self.indexes})
 
     def holds(self, key: Hashable) -> bool:
         """Whether anything is watched under ``key`` (TypeError if it is unhashable)."""
@@ -243,31 +281,60 @@ class WatchStore:
         """Put ``op`` in the watch list of every key (keys validated and distinct)."""
         lists = self.lists
         ident = op._ident = self._next_ident()
+        grew = False
         for key in keys:
-            watch_list = lists.get(key)
-            if watch_list is None:
-                lists[key] = {ident: op}
+            held = lists.get(key)
+            if held is None:
+                lists[key] = op
+                grew = True
+            elif type(held) is dict:
+                held[ident] = op
+                if _untrack_container is not None:
+                    _untrack_container(held)
             else:
-                watch_list[ident] = op
+                self._second(key, held, ident, op)  # type: ignore[arg-type]
+                grew = True
+        if grew and _untrack_container is not None:
+            _untrack_container(lists)
         op._store = IN_WATCH_LISTS
         entries = len(keys)
         self.watched += entries
         self.live += entries
 
+    def _second(
+        self, key: Hashable, alone: DelayedOperation[Any], ident: object, op: DelayedOperation[Any]
+    ) -> None:
+        """A second operation under a key that held one alone: the key gets a dict."""
+        watch_list = self.lists[key] = {alone._ident: alone, ident: op}
+        if _untrack_container is not None:
+            _untrack_container(watch_list)
+
+    def _drop(self, key: Hashable, op: DelayedOperation[Any]) -> bool:
+        """Remove ``op``'s entry under ``key`` if it is there (True if it was)."""
+        lists = self.lists
+        held = lists.get(key)
+        if held is op:
+            del lists[key]
+            return True
+        if type(held) is not dict:
+            return False
+        watch_list: WatchList = held
+        ident = op._ident
+        if ident not in watch_list:
+            return False
+        del watch_list[ident]
+        if not watch_list:
+            del lists[key]
+        return True
+
     def unwatch(self, op: DelayedOperation[Any], keys: tuple[Hashable, ...]) -> None:
         """Undo a :meth:`watch` that raised part-way: take ``op`` out of every list it got
         into (nothing was counted yet)."""
-        ident = getattr(op, "_ident", None)
-        if ident is None:
+        if getattr(op, "_ident", None) is None:
             return  # it failed before its first entry
-        lists = self.lists
         for key in keys:
             try:
-                watch_list = lists.get(key)
-                if watch_list is not None and ident in watch_list:
-                    del watch_list[ident]
-                    if not watch_list:
-                        del lists[key]
+                self._drop(key, op)
             except Exception:  # the lookup that failed in watch: nothing is held under it
                 continue
 
@@ -290,8 +357,18 @@ class WatchStore:
         very key; an entry is removed only if it is still there.
         """
         completed = 0
-        watch_list = self.lists.get(key)
-        if watch_list is not None:
+        held = self.lists.get(key)
+        if held is not None and type(held) is not dict:
+            op: DelayedOperation[Any] = held  # type: ignore[assignment]
+            if op._state & ENDED:
+                if self._drop(key, op):
+                    self.watched -= 1
+            elif not op._busy and attempt(op):
+                completed += 1
+                if self._drop(key, op):  # a callback may have made it a dict meanwhile
+                    self.watched -= 1
+        elif held is not None:
+            watch_list: WatchList = held
             for op in tuple(watch_list.values()):
                 if op._state & ENDED:
                     ident = op._ident
@@ -377,7 +454,7 @@ class WatchStore:
                     break
             if not walks:
                 del self.walks[key]
-        watch_list: dict[object, DelayedOperation[Any]] | None = None
+        lists = self.lists
         for op in reached:
             if op._store != IN_WALK:
                 continue  # a stale entry (dropped above) or taken by cancel_for_key
@@ -386,13 +463,19 @@ class WatchStore:
                 # thread, when it is handed over) counts it out of ``live``.
                 self.watched -= 1
                 continue
-            if watch_list is None:
-                watch_list = self.lists.get(key)
-                if watch_list is None:
-                    watch_list = self.lists[key] = {}
             # walk entry -> list entry: counts unchanged
             ident = op._ident = self._next_ident()
-            watch_list[ident] = op
+            held = lists.get(key)
+            if held is None:
+                lists[key] = op
+            elif type(held) is dict:
+                held[ident] = op
+                if _untrack_container is not None:
+                    _untrack_container(held)
+            else:
+                self._second(key, held, ident, op)  # type: ignore[arg-type]
+            if _untrack_container is not None:
+                _untrack_container(lists)
             op._store = IN_WATCH_LISTS
 
     def take(self, key: Hashable) -> list[DelayedOperation[Any]]:
@@ -402,11 +485,15 @@ class WatchStore:
         holding the key's list sees them gone too.
         """
         ops: list[DelayedOperation[Any]] = []
-        watch_list = self.lists.pop(key, None)
-        if watch_list is not None:
+        held = self.lists.pop(key, None)
+        if type(held) is dict:
+            watch_list: WatchList = held
             ops.extend(watch_list.values())
             self.watched -= len(watch_list)
             watch_list.clear()
+        elif held is not None:
+            ops.append(held)  # type: ignore[arg-type]
+            self.watched -= 1
         index = self.indexes.pop(key, None)
         if index is not None:
             ops.extend(index.operations())
@@ -446,7 +533,6 @@ class WatchStore:
 
     def purge(self) -> None:
         """Remove the entries of retired operations."""
-        lists = self.lists
         indexes = self.indexes
         removed = 0
         dirty, self.dirty = self.dirty, []
@@ -457,16 +543,9 @@ class WatchStore:
                 if index is not None:
                     index.stale += 1
                 continue
-            ident = op._ident
             for key in keys:
-                watch_list = lists.get(key)
-                # A membership test and del, not pop(): both are direct dict operations
-                # in the compiled build, where pop() is a method call by name.
-                if watch_list is not None and ident in watch_list:
-                    del watch_list[ident]
+                if self._drop(key, op):
                     removed += 1
-                    if not watch_list:
-                        del lists[key]
         self.watched -= removed
         self.purged += removed
         if self.watched - self.live > self.limit:
@@ -478,6 +557,16 @@ class WatchStore:
                     self.purged += dropped
                     if not len(index):
                         del indexes[key]
+
+    def containers(self) -> list[object]:
+        """The containers holding watched operations: watch lists and index entries."""
+        held: list[object] = [self.lists]
+        held.extend(entry for entry in self.lists.values() if type(entry) is dict)
+        for index in self.indexes.values():
+            held += (index.run, index.fresh)
+            held.extend(index.run[index.start :])
+            held.extend(index.fresh)
+        return held
 
     def clear(self) -> None:
         self.lists.clear()

@@ -41,8 +41,9 @@ class OperationEvent(NamedTuple):
     purgatory's clock, so a purgatory on a ``ManualClock`` logs virtual time.
     ``created_at`` is when the operation was handed to the purgatory and
     ``deadline`` that instant plus its timeout. ``keys`` are the keys it was
-    watched under, as strings; empty when it completed at its first try, before
-    being watched.
+    handed to the purgatory with (duplicates removed), as strings, whether or not
+    it was ever watched: one satisfied at its first try was still asked for under
+    them, and the report's hot keys count it there.
 
     ``producer`` names the event log writer (or process) that wrote the record:
     the core leaves it ``None`` and each writer stamps its own instance id, so

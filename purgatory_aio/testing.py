@@ -24,7 +24,7 @@ from typing import NoReturn, SupportsIndex
 from ._clock import Quiescent
 from ._errors import not_copyable
 from ._lifecycle import wake
-from ._validation import check_instant, check_seconds
+from ._validation import INF, check_instant, check_seconds
 
 __all__ = ["ManualClock"]
 
@@ -136,10 +136,26 @@ class ManualClock:
         """Move time forward by ``delta`` seconds, running everything due on the way.
 
         The seconds count from when this advance's turn begins (see the class).
+
+        Raises:
+            ValueError: ``delta`` is not a finite number >= 0, or time would leave the
+                finite range (``advance(1e308)`` twice): nothing moves, nothing runs.
         """
         delta = check_seconds(delta, "delta")
+        self._target(delta)
         async with self._turn():
-            await self._advance_to(self._now + delta)
+            await self._advance_to(self._target(delta))
+
+    def _target(self, delta: float) -> float:
+        """Now plus ``delta``, refused if it is not a finite time (inf breaks every timer
+        and purgatory on the clock: each refuses all input from then on)."""
+        target = self._now + delta
+        if target == INF:
+            raise ValueError(
+                f"cannot advance a ManualClock reading {self._now!r} by {delta!r}: "
+                "time would leave the finite range"
+            )
+        return target
 
     async def advance_to(self, target: float) -> None:
         """Move time forward to ``target`` (never backwards).

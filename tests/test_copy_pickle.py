@@ -422,16 +422,20 @@ async def test_copies_of_one_operation_settle_independently(
     assert is_fresh(op)
 
 
-async def test_a_copy_of_an_awaited_operation_has_no_awaiters(clock: ManualClock) -> None:
+async def test_a_fresh_operation_cannot_be_awaited_so_no_copy_shares_awaiters(
+    clock: ManualClock,
+) -> None:
+    # Only a fresh operation copies, and awaiting one (pending in no purgatory) is refused:
+    # a copy can never carry the original's awaiters. The refusal leaves it fresh.
     op = plain()
     waiter = asyncio.ensure_future(awaiting(op))
-    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="never handed to a purgatory"):
+        await waiter
     twin = copy.copy(op)
     assert twin.force_complete()
-    await asyncio.sleep(0)
-    assert not waiter.done()
+    assert not op.done()
     assert op.force_complete()
-    assert await waiter == "completed"
+    assert await awaiting(op) == await awaiting(twin) == "completed"
     assert op.counts() == twin.counts() == (1, 0)
 
 

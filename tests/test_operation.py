@@ -8,7 +8,7 @@ import threading
 import pytest
 from support import AsyncOperation, FailingOperation, MockOperation, awaiting
 
-from purgatory_aio import DelayedOperation
+from purgatory_aio import DelayedOperation, Purgatory
 
 
 def test_force_complete_is_true_only_once() -> None:
@@ -107,35 +107,46 @@ async def test_awaiting_a_completed_operation_returns_at_once() -> None:
     assert await op == "completed"
 
 
+# A pending operation is awaited once a purgatory holds it (awaiting one that none holds
+# is refused: nothing would ever settle it). The deadlines below are far off: these tests
+# settle every operation themselves.
+
+
 async def test_awaiting_an_operation_completed_from_another_thread() -> None:
-    op = MockOperation(1)
-    waiter = asyncio.ensure_future(awaiting(op))
-    await asyncio.sleep(0)
-    thread = threading.Thread(target=op.force_complete)
-    thread.start()
-    thread.join()
-    assert await asyncio.wait_for(waiter, 5) == "completed"
+    async with Purgatory("p") as purgatory:
+        op = MockOperation(60)
+        await purgatory.try_complete_else_watch(op, ["k"])
+        waiter = asyncio.ensure_future(awaiting(op))
+        await asyncio.sleep(0)
+        thread = threading.Thread(target=op.force_complete)
+        thread.start()
+        thread.join()
+        assert await asyncio.wait_for(waiter, 5) == "completed"
 
 
 async def test_a_cancelled_awaiter_does_not_cancel_the_operation_for_others() -> None:
-    op = MockOperation(1)
-    first = asyncio.ensure_future(awaiting(op))
-    second = asyncio.ensure_future(awaiting(op))
-    await asyncio.sleep(0)
-    first.cancel()
-    await asyncio.sleep(0)
-    op.force_complete()
-    assert await second == "completed"
-    assert not op.cancelled
+    async with Purgatory("p") as purgatory:
+        op = MockOperation(60)
+        await purgatory.try_complete_else_watch(op, ["k"])
+        first = asyncio.ensure_future(awaiting(op))
+        second = asyncio.ensure_future(awaiting(op))
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.sleep(0)
+        op.force_complete()
+        assert await second == "completed"
+        assert not op.cancelled
 
 
 async def test_cancel_wakes_awaiters_with_cancelled_error() -> None:
-    op = MockOperation(1)
-    waiter = asyncio.ensure_future(awaiting(op))
-    await asyncio.sleep(0)
-    op.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
+    async with Purgatory("p") as purgatory:
+        op = MockOperation(60)
+        await purgatory.try_complete_else_watch(op, ["k"])
+        waiter = asyncio.ensure_future(awaiting(op))
+        await asyncio.sleep(0)
+        op.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
 
 
 async def test_async_on_complete_without_a_purgatory() -> None:

@@ -54,7 +54,7 @@ def test_the_library_wheel_holds_purgatory_aio_only() -> None:
     assert "purgatory-report" in scripts
     extensions = {n.split("/")[-1].split(".")[0] for n in names if n.endswith(".so")}
     if purgatory_aio.compiled:
-        assert set(hatch_build.COMPILED_MODULES) <= extensions
+        assert {*hatch_build.COMPILED_MODULES, *hatch_build.NATIVE_MODULES} <= extensions
         assert "-cp3" in wheel_file
     else:
         assert extensions == set()
@@ -70,6 +70,25 @@ def test_the_examples_wheel_holds_minikafka_and_its_script() -> None:
     assert [n for n in names if not n.startswith(("minikafka/", "purgatory_aio_examples-"))] == []
     assert "purgatory-sim = minikafka.cli:main" in scripts
     assert "Requires-Dist: purgatory-aio\n" in requires
+
+
+LICENSE_TEXT = (CHECKOUT / "LICENSE").read_text()
+
+
+@pytest.mark.parametrize(
+    "variable", ["PURGATORY_AIO_WHEEL_DIR", "PURGATORY_AIO_EXAMPLES_WHEEL_DIR"]
+)
+def test_each_wheel_carries_the_apache_license_its_metadata_declares(variable: str) -> None:
+    assert "Apache License" in LICENSE_TEXT and "Version 2.0, January 2004" in LICENSE_TEXT
+    with _wheel(variable) as wheel:
+        names = wheel.namelist()
+        licenses = [n for n in names if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"]
+        assert len(licenses) == 1, names
+        assert wheel.read(licenses[0]).decode() == LICENSE_TEXT
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        declared = wheel.read(metadata).decode().split("\n\n", 1)[0]
+    assert "Apache-2.0" in declared
+    assert "License-File: LICENSE" in declared
 
 
 def test_each_module_has_one_import_name() -> None:

@@ -16,8 +16,6 @@ OUTSIDE = re.compile(
 )
 SCANNED = ("purgatory_aio", "tests", "bench", "examples", "docs")
 SUFFIXES = {".py", ".md", ".c", ".toml", ".yml", ".cfg", ".txt", ".properties"}
-#: The GC prototype goes with its bench command; until then its header keeps its origin.
-PENDING_REMOVAL = {Path("bench/proto/gcuntrack.c")}
 
 
 def _files() -> list[Path]:
@@ -28,7 +26,7 @@ def _files() -> list[Path]:
                 continue
             if path.suffix in SUFFIXES and "__pycache__" not in path.parts:
                 found.append(path)
-    return [p for p in found if p.relative_to(ROOT) not in PENDING_REMOVAL]
+    return found
 
 
 def test_the_scan_sees_the_repository() -> None:

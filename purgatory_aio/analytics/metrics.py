@@ -156,7 +156,9 @@ def per_second(events: DataFrame) -> DataFrame:
 def key_stats(events: DataFrame) -> DataFrame:
     """Operations watched per key, per (purgatory, op_type).
 
-    An operation watching a key twice counts once. Columns: ``purgatory``,
+    Every key an operation was handed to the purgatory with counts, also for one
+    satisfied at its first try (its record carries its keys). An operation watching
+    a key twice counts once. Columns: ``purgatory``,
     ``op_type``, ``key``, ``watched``, one count per outcome and
     ``expiry_ratio`` (expired / watched). Not ranked: see :func:`top_keys`.
     """

@@ -279,26 +279,53 @@ def _find_purgatories(app: object) -> Purgatories | None:
 # -- dependencies ------------------------------------------------------------------------------
 
 
-def get_purgatories(request: Request) -> Purgatories:
-    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`."""
+async def get_purgatories(request: Request) -> Purgatories:
+    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`.
+
+    A coroutine function, as every dependency here: FastAPI runs a plain ``def``
+    dependency in its thread pool, a thread hop per request for a dictionary lookup.
+    """
+    return _registry(request)
+
+
+def _registry(request: Request) -> Purgatories:
     registry = getattr(request.app.state, "purgatories", None)
-    if not isinstance(registry, Purgatories):
+    if isinstance(registry, Purgatories):
+        return registry
+    if _has_purgatory_lifespan(request.app):
         raise RuntimeError(
-            "this application has no purgatories: pass lifespan=PurgatoryLifespan(...) to FastAPI()"
+            "the purgatories of this application have not started: its lifespan "
+            "(PurgatoryLifespan) has not run. A server such as uvicorn runs it; in tests, "
+            "use Starlette's TestClient as a context manager (`with TestClient(app) as "
+            "client:`) or wrap the application in asgi-lifespan's LifespanManager "
+            "(`async with LifespanManager(app) as manager:` then "
+            "`httpx.ASGITransport(app=manager.app)`): httpx.ASGITransport alone never "
+            "runs a lifespan"
         )
-    return registry
+    raise RuntimeError(
+        "this application has no purgatories: pass lifespan=PurgatoryLifespan(...) to "
+        "FastAPI() (and, in tests, run that lifespan: TestClient as a context manager, "
+        "or asgi-lifespan's LifespanManager around httpx.ASGITransport)"
+    )
+
+
+def _has_purgatory_lifespan(app: object) -> bool:
+    """Whether ``app`` (a request's application) was given a :class:`PurgatoryLifespan`."""
+    router = getattr(app, "router", None)
+    return isinstance(getattr(router, "lifespan_context", None), PurgatoryLifespan)
 
 
 @functools.cache
-def purgatory_dependency(name: str | None = None) -> Callable[[Request], Purgatory]:
+def purgatory_dependency(name: str | None = None) -> Callable[[Request], Awaitable[Purgatory]]:
     """Dependency on the purgatory called ``name`` (the only one if ``None``).
 
+    A coroutine function, so FastAPI calls it on the event loop (no thread pool).
     The same callable is returned for the same name, so tests can replace it:
     ``app.dependency_overrides[purgatory_dependency("fetch")] = lambda: test_purgatory``.
     """
 
-    def dependency(request: Request) -> Purgatory:
-        registry = get_purgatories(request)
+    async def dependency(request: Request) -> Purgatory:
+        registry = _registry(request)
         return registry.only() if name is None else registry[name]
 
     dependency.__name__ = f"purgatory_{name or 'only'}"

@@ -177,14 +177,14 @@ def test_open_file_stays_hidden_until_closed(cls, tmp_path: Path) -> None:
     writer = cls(tmp_path, batch_size=1, roll_seconds=3600)
     for event in make_events(10):
         writer.emit(event)
-    wait_for(lambda: writer.written == 10)
-    assert visible(tmp_path) == []
+    wait_for(lambda: writer.in_progress == 10)
+    assert (writer.written, visible(tmp_path)) == (0, [])  # counted once visible
     (hidden,) = (p for p in tmp_path.rglob("*") if p.is_file())
     assert hidden.name.startswith(".")
     assert hidden.name.endswith(".tmp")
     writer.close()
     assert visible(tmp_path) == writer.files
-    assert len(writer.files) == 1
+    assert (len(writer.files), writer.written, writer.in_progress) == (1, 10, 0)
     assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
 
 
@@ -268,6 +268,8 @@ def test_emit_after_close_is_dropped_and_counted(
     writer.emit(make_events(1)[0])
     assert writer.dropped == 2
     assert [e["event"] for e in logs] == ["eventlog.emit_after_close"]
+    marker = json.loads((tmp_path / f"_dropped-{writer.producer}.json").read_text())
+    assert (marker["dropped"], marker["after_close"]) == (1, 1)  # the first at once
 
 
 @pytest.mark.parametrize("cls", WRITERS)

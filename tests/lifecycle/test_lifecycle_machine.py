@@ -3,7 +3,10 @@
 Rules watch operations (plain and threshold, 1-3 keys, zero/small/tick-boundary/huge
 timeouts), check, advance keys, cancel by key, force-complete and cancel from the loop
 and from real threads, await and abandon awaits, move the clock (also exactly to a
-deadline) and shut down at any point. Operations carry callbacks (sync or async
+deadline, far past every deadline, and out of the float range, which must be refused)
+and shut down at any point. The clock starts at zero, below zero or far out, and the
+event sink fails (raising Exception, CancelledError or a custom BaseException) whenever
+a pattern the machine draws says so. Operations carry callbacks (sync or async
 ``on_complete``, ``on_expiration``, ``try_complete``) that re-enter every public method
 and raise Exception, CancelledError or a custom BaseException.
 
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, ClassVar
@@ -28,7 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 from lc_support import LOOP_FACTORIES, Hostile, ListSink, is_settled
 
-from purgatory_aio import DelayedOperation, Purgatory, PurgatoryClosed
+from purgatory_aio import DelayedOperation, OperationEvent, Purgatory, PurgatoryClosed
 from purgatory_aio.testing import ManualClock
 
 KEYS = ["a", "b", "c", 1]
@@ -50,6 +55,32 @@ RAISES: list[type[BaseException] | None] = [
     Hostile,
 ]
 STAGES = ["try", "complete", "expire"]
+#: Clock readings the machine starts from: zero, below zero (tick index -1 and other
+#: negative ones), and far out, where a float's spacing nears the tick.
+STARTS = [0.0, -1.0, -0.0015, -0.0005, -1e6 - 0.0005, 4e9 + 0.0003, -4e12]
+#: What the sink raises when it fails (a BaseException that is not fatal included).
+SINK_ERRORS: list[type[BaseException]] = [RuntimeError, OSError, asyncio.CancelledError, Hostile]
+#: The timer places deadlines up to this many ticks of the clock (purgatory_aio's MAX_TICKS).
+MAX_TICKS = 2**53
+
+
+class FlakySink(ListSink):
+    """An event sink that fails when its pattern says so (cycled), raising ``error``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pattern: list[bool] = [False]
+        self.error: type[BaseException] = RuntimeError
+        self.calls = 0
+        self.refused: list[OperationEvent] = []
+
+    def emit(self, event: OperationEvent) -> None:
+        fails = self.pattern[self.calls % len(self.pattern)]
+        self.calls += 1
+        if fails:
+            self.refused.append(event)
+            raise self.error(f"sink refused {event.op_id}")
+        super().emit(event)
 
 
 class MachineOp(DelayedOperation[str]):
@@ -160,11 +191,15 @@ class LifecycleMachine(RuleBasedStateMachine):
     loop_factory: ClassVar[Callable[[], asyncio.AbstractEventLoop]]
     records = Bundle("records")
 
-    @initialize(tick=st.sampled_from([0.001, 0.005]), purge_interval=st.sampled_from([1, 3, 1000]))
-    def start(self, tick: float, purge_interval: int) -> None:
+    @initialize(
+        tick=st.sampled_from([0.001, 0.005]),
+        purge_interval=st.sampled_from([1, 3, 1000]),
+        start=st.sampled_from(STARTS),
+    )
+    def start(self, tick: float, purge_interval: int, start: float) -> None:
         self.loop = type(self).loop_factory()
-        self.clock = ManualClock()
-        self.sink = ListSink()
+        self.clock = ManualClock(start=start)
+        self.sink = FlakySink()
         self.tick = tick
         self.purge_interval = purge_interval
         self.p = Purgatory(
@@ -276,8 +311,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.closed, "PurgatoryClosed from a purgatory that was not shut down"
             return
         except ValueError:
-            # Refused (a timeout the timer cannot place): nothing may have changed.
-            assert record.op.timeout > 1e9, f"{record.op!r} refused with ValueError"
+            # Refused (a deadline the timer cannot place): nothing may have changed.
+            beyond = before + record.op.timeout >= MAX_TICKS * self.tick
+            assert record.op.timeout > 1e9 or beyond, f"{record.op!r} refused with ValueError"
             assert not record.op.is_completed
             return
         except BaseException as exc:
@@ -469,6 +505,29 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.run(self.clock.advance(dt))
         self.check_expiry()
 
+    @rule(dt=st.sampled_from([1e6, 1e15, 1e300, 1e308, sys.float_info.max]))
+    def advance_clock_far(self, dt: float) -> None:
+        before = self.clock.time()
+        if before + dt == math.inf:
+            try:
+                self.run(self.clock.advance(dt))
+            except ValueError:
+                pass
+            else:
+                raise AssertionError(f"advance({dt}) from {before} moved time out of range")
+            assert self.clock.time() == before, "a refused advance moved the clock"
+            return
+        self.run(self.clock.advance(dt))
+        self.check_expiry()
+
+    @rule(
+        pattern=st.lists(st.booleans(), min_size=1, max_size=4),
+        error=st.sampled_from(SINK_ERRORS),
+    )
+    def sink_fails(self, pattern: list[bool], error: type[BaseException]) -> None:
+        self.sink.pattern = pattern
+        self.sink.error = error
+
     @rule(record=records, extra=st.sampled_from([0.0, 1e-9, 0.001]))
     def advance_to_deadline(self, record: Record, extra: float) -> None:
         target = record.deadline + extra
@@ -582,11 +641,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         }
         assert actual == expected, f"stats() {actual} but the operations say {expected}"
         settled = sum(1 for r in accepted if is_settled(r.op))
-        assert len(self.sink.events) == settled, (
-            f"{len(self.sink.events)} event records for {settled} settled operations "
+        assert self.sink.calls == settled, (
+            f"{self.sink.calls} event records for {settled} settled operations "
             "(an operation settled twice, or one never recorded)"
         )
-        outcomes = collections.Counter(event.outcome for event in self.sink.events)
+        refused = self.sink.refused
+        assert stats.events_failed == len(refused), (stats, len(refused))
+        outcomes = collections.Counter(e.outcome for e in [*self.sink.events, *refused])
         assert outcomes["cancelled"] == stats.cancelled, (outcomes, stats)
         assert outcomes["shutdown"] == stats.shutdown, (outcomes, stats)
 

@@ -1,0 +1,213 @@
+"""help() on the installed build shows what the pure source says, for every public name.
+
+The reference is the checkout's pure source, imported in a subprocess; the installed build
+(compiled or pure) must agree with it on every name of every public module's ``__all__``
+and on each of their members that is public or documented: the same ``__doc__``, and the
+same signature as ``inspect.signature`` reads it. Signatures are compared by parameter
+names, kinds and defaults: a compiled method's signature is a text signature, which
+cannot carry annotations, and its ``self`` is positional-only there.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import pydoc
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import purgatory_aio
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+#: Where an object's repr names its address, which differs between processes.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def public_modules() -> list[str]:
+    names = ["purgatory_aio"]
+    for info in pkgutil.walk_packages(purgatory_aio.__path__, "purgatory_aio."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return sorted(names)
+
+
+def _signature(obj: Any) -> list[Any] | str:
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError) as exc:
+        return f"no signature ({type(exc).__name__})"
+    params = []
+    for index, param in enumerate(signature.parameters.values()):
+        kind = param.kind.name
+        if index == 0 and param.name in ("self", "cls"):
+            kind = "self"
+        default = None if param.default is param.empty else _ADDRESS.sub("", repr(param.default))
+        params.append([param.name, kind, default])
+    return params
+
+
+def _documented(cls: type, names: list[str] | None = None) -> dict[str, Any]:
+    """A class's own members that help() shows: public ones, and documented dunders
+    (``names``: these members instead, as the reference found them)."""
+    members = {}
+    for name in list(vars(cls)) if names is None else names:
+        raw = inspect.getattr_static(cls, name, None)
+        # A compiled class's properties are getset descriptors.
+        attribute = isinstance(raw, property) or inspect.isgetsetdescriptor(raw)
+        if names is None and (
+            not (attribute or isinstance(raw, staticmethod | classmethod) or callable(raw))
+            or (name.startswith("_") and not (name.startswith("__") and _doc(cls, name)))
+        ):
+            continue
+        if attribute:
+            members[name] = {"doc": raw.__doc__}
+        elif callable(raw) or isinstance(raw, staticmethod | classmethod):
+            member = getattr(cls, name)
+            members[name] = {"doc": member.__doc__, "signature": _signature(member)}
+        else:
+            members[name] = {"missing": repr(raw)}
+    return members
+
+
+def _doc(cls: type, name: str) -> str | None:
+    doc: str | None = getattr(cls, name).__doc__
+    return doc
+
+
+def describe(reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every public name's documentation, as the imported build shows it (of the members
+    the ``reference`` describes, when given)."""
+    described: dict[str, Any] = {}
+    for module_name in public_modules():
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            key = f"{module_name}.{name}"
+            if isinstance(obj, type):
+                described[key] = {
+                    "doc": obj.__doc__,
+                    "signature": _signature(obj),
+                    "members": _documented(
+                        obj, None if reference is None else list(reference[key]["members"])
+                    ),
+                }
+            elif callable(obj):
+                described[key] = {"doc": obj.__doc__, "signature": _signature(obj)}
+    return described
+
+
+def _pure_reference() -> dict[str, Any]:
+    script = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import purgatory_aio; "
+        "assert not purgatory_aio.compiled, purgatory_aio.__file__; "
+        "sys.path.insert(0, sys.argv[2]); import test_docstrings; "
+        "print(json.dumps(test_docstrings.describe()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(CHECKOUT), str(CHECKOUT / "tests")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        cwd=CHECKOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    reference: dict[str, Any] = json.loads(done.stdout)
+    return reference
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, Any]:
+    return _pure_reference()
+
+
+def test_every_public_name_is_documented_as_in_the_pure_source(reference: dict[str, Any]) -> None:
+    installed = json.loads(json.dumps(describe(reference)))  # tuples and lists alike
+    assert installed.keys() == reference.keys()
+    for key, expected in reference.items():
+        assert installed[key] == expected, key
+
+
+def test_the_core_classes_are_documented(reference: dict[str, Any]) -> None:
+    # The reference itself says something: no empty docs on the core's public classes.
+    for name in ("Purgatory", "DelayedOperation", "Timer", "TimerHandle"):
+        described = reference[f"purgatory_aio.{name}"]
+        assert described["doc"], name
+    members = reference["purgatory_aio.Purgatory"]["members"]
+    assert members["try_complete_else_watch"]["doc"]
+    assert [p[0] for p in members["try_complete_else_watch"]["signature"]] == [
+        "self",
+        "op",
+        "keys",
+    ]
+
+
+def test_help_shows_the_docstrings_and_signatures() -> None:
+    from purgatory_aio import DelayedOperation, Purgatory
+
+    text = pydoc.render_doc(Purgatory, renderer=pydoc.plaintext)
+    assert "Holds delayed operations until their condition holds" in text
+    assert "try_complete_else_watch(self" in text
+    assert "Try once; if not completed, watch ``op`` under every key" in text
+    assert "shutdown(self, *, expire_pending" in text
+    assert "Stop the reaper and settle every pending operation." in text
+    assert "num_delayed\n |      Pending operations in the timer." in text
+    op_text = pydoc.render_doc(DelayedOperation, renderer=pydoc.plaintext)
+    assert "outcome\n |      How it left *pending*" in op_text
+    assert "force_complete(self" in op_text
+
+
+def test_signatures_of_bound_methods_leave_self_out() -> None:
+    from purgatory_aio import Purgatory
+
+    p = Purgatory("docs")
+    assert list(inspect.signature(p.try_complete_else_watch).parameters) == ["op", "keys"]
+    assert list(inspect.signature(p.shutdown).parameters) == ["expire_pending"]
+    assert list(inspect.signature(p.advance_key).parameters) == ["key", "value"]
+    assert inspect.iscoroutinefunction(Purgatory.shutdown)
+
+
+def test_the_compiled_wheel_carries_what_the_extensions_cannot_hold() -> None:
+    import hatch_build
+
+    directory = os.environ.get("PURGATORY_AIO_WHEEL_DIR")
+    if not directory:
+        pytest.skip("PURGATORY_AIO_WHEEL_DIR is unset: the wheel checks run under `make test`")
+    (wheel,) = Path(directory).glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert (f"purgatory_aio/{hatch_build.DOCS_FILE}" in names) is purgatory_aio.compiled
+
+
+def test_restoring_the_docs_twice_changes_nothing() -> None:
+    from purgatory_aio import Purgatory, _native
+
+    if not purgatory_aio.compiled:
+        pytest.skip("only the compiled build restores docstrings at import")
+    shutdown = Purgatory.__dict__["shutdown"]
+    _native.restore_docs()
+    assert Purgatory.__dict__["shutdown"] is shutdown
+
+
+@pytest.mark.parametrize(
+    "text", ["plain", 'quotes " and \\ and ??=', "é ✓\n\ttabs\x00", "x" * 1000]
+)
+def test_docstrings_become_c_string_literals_byte_for_byte(text: str) -> None:
+    import hatch_build
+
+    literal = hatch_build._c_string(text)
+    # Adjacent C literals; their escapes (three-digit octal) read the same in Python bytes.
+    pieces = re.findall(r'"([^"]*)"', literal)
+    assert literal == " ".join(f'"{piece}"' for piece in pieces)
+    assert b"".join(ast.literal_eval(f'b"{piece}"') for piece in pieces) == text.encode("utf-8")
