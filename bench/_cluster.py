@@ -1,4 +1,4 @@
-"""A Spark standalone cluster (master + one worker) on loopback, for tests and the bench."""
+"""A Spark standalone cluster (master + N workers) on loopback, for tests and the bench."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def _scala_version() -> str:
 class StandaloneCluster:
     """``java -cp $SPARK_HOME/jars/* org.apache.spark.deploy.{master.Master,worker.Worker}``."""
 
-    def __init__(self, work: Path, *, cores: int = 2, memory: str = "1g") -> None:
+    def __init__(self, work: Path, *, cores: int = 2, memory: str = "1g", workers: int = 1) -> None:
         self.work = work
+        self.workers = workers
         self.cores = cores
         self.memory = memory
         self.port = free_port()
@@ -82,15 +83,16 @@ class StandaloneCluster:
                 *("--host", "127.0.0.1", "--port", str(self.port)),
                 *("--webui-port", str(self.ui_port)),
             )
-            self._start(
-                "worker",
-                "org.apache.spark.deploy.worker.Worker",
-                self.url,
-                *("--host", "127.0.0.1", "--port", str(free_port())),
-                *("--webui-port", str(free_port())),
-                *("--cores", str(self.cores), "--memory", self.memory),
-                *("--work-dir", str(self.work / "worker")),
-            )
+            for index in range(self.workers):
+                self._start(
+                    f"worker-{index}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    self.url,
+                    *("--host", "127.0.0.1", "--port", str(free_port())),
+                    *("--webui-port", str(free_port())),
+                    *("--cores", str(self.cores), "--memory", self.memory),
+                    *("--work-dir", str(self.work / f"worker-{index}")),
+                )
             self._wait_for_worker()
         except BaseException:
             self.stop()
@@ -106,7 +108,7 @@ class StandaloneCluster:
                     raise RuntimeError(f"a cluster JVM exited: see the logs in {self.work}")
             try:
                 with urllib.request.urlopen(status, timeout=2) as answer:
-                    if json.load(answer).get("aliveworkers", 0) >= 1:
+                    if json.load(answer).get("aliveworkers", 0) >= self.workers:
                         return
             except OSError:
                 pass

@@ -4,7 +4,7 @@
    (a slow follower, a dead follower, a silent consumer, a producer burst), writing
    the purgatories' operation event log as Parquet.
 2. Runs the PySpark report over that log on an embedded ``local[*]`` Spark.
-3. Prints the headline figures and where the full report is.
+3. Prints the headline figures, the report's key findings and where the full report is.
 
 Usage: ``python -m examples.demo [--out DIR] [--duration SECONDS] [--seed N] [--master URL]``
 """
@@ -58,6 +58,15 @@ def _headlines(report_dir: Path) -> None:
     )
 
 
+def _findings(report_dir: Path) -> None:
+    """The report's own key findings (its opening section), as report.md words them."""
+    text = (report_dir / "report.md").read_text(encoding="utf-8")
+    section = text.split("## Key findings", 1)[-1].split("\n## ", 1)[0]
+    print("\n== Key findings (from report.md; anomalies are the injected faults' traces)")
+    for line in section.strip().splitlines():
+        print(f"  {line.replace('`', '')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("demo-output"))
@@ -99,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )  # fmt: skip
     _headlines(report)
+    _findings(report)
     print(f"\nFull report: {report / 'report.md'}")
     print(f"Simulation report: {out / 'simulation.json'}; event log: {events}")
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from purgatory_aio.analytics.anomalies import Window
 from purgatory_aio.analytics.errors import missing_dependency
 
 try:
@@ -50,50 +52,122 @@ def _tail_position(quantile: float) -> float:
     return -math.log10(1.0 - quantile)
 
 
-def latency_chart(path: Path, curves: Curves) -> Path:
+#: Percentile axis ticks; those below 50% sit close together at the left, so only two.
+_LOW_TICKS = (0.0, 0.25)
+
+#: Groups with fewer completed operations than this are drawn as their observations
+#: (points), never as a curve: a percentile line over 1-3 values says nothing.
+SMALL_GROUP = 10
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line or set of points of a chart, as drawn: positions on the axes."""
+
+    label: str
+    xs: list[float]
+    ys: list[float]
+    points_only: bool = False
+    marker: str = "."
+    linestyle: str = "-"
+
+
+def latency_series(curves: Curves, completed: Mapping[str, int]) -> list[Series]:
+    """What :func:`latency_chart` draws per group: x is :func:`_tail_position`, y ms.
+
+    A curve stops at the percentile its operations can resolve (``1 - 1/n``: beyond
+    it every percentile is the maximum); a group of fewer than :data:`SMALL_GROUP`
+    operations is drawn as its observed values, as points at ``(i + 0.5) / n``.
+    """
+    drawn: list[Series] = []
+    for label, points in curves.items():
+        usable = [(q, value) for q, value in points if q < 1.0]
+        n = completed.get(label, 0)
+        if not usable or n < 1:
+            continue
+        if n < SMALL_GROUP:
+            quantiles = [(index + 0.5) / n for index in range(n)]
+            values = [min(usable, key=lambda point: abs(point[0] - q))[1] for q in quantiles]
+            drawn.append(
+                Series(
+                    f"{label} ({n} operation{'s' if n > 1 else ''}: too few for a curve)",
+                    [_tail_position(q) for q in quantiles],
+                    [value * 1000.0 for value in values],
+                    points_only=True,
+                    marker="o",
+                    linestyle="none",
+                )
+            )
+            continue
+        resolved = [(q, value) for q, value in usable if q <= 1.0 - 1.0 / n + 1e-12]
+        drawn.append(
+            Series(
+                label,
+                [_tail_position(q) for q, _ in resolved],
+                [value * 1000.0 for _, value in resolved],
+            )
+        )
+    return drawn
+
+
+def latency_chart(path: Path, curves: Curves, completed: Mapping[str, int]) -> Figure:
     """Completion latency by percentile, the tail stretched out (x: 50%, 90%, 99%...).
 
     Args:
         path: Where the PNG goes.
         curves: Per series, ``(quantile, latency in seconds)`` points.
+        completed: Per series, how many completed operations the curve describes.
+
+    Returns:
+        The drawn figure (for checking what it shows).
     """
     figure, axes = _figure()
-    drawn = False
-    clipped = False
-    highest = 0.0
-    for label, points in curves.items():
-        usable = [(q, value) for q, value in points if q < 1.0]
-        if not usable:
-            continue
-        millis = [value * 1000.0 for _, value in usable]
-        clipped = clipped or min(millis) < LATENCY_FLOOR_MS
+    series = latency_series(curves, completed)
+    clipped = any(min(line.ys) < LATENCY_FLOOR_MS for line in series)
+    for line in series:
         axes.plot(
-            [_tail_position(q) for q, _ in usable],
-            [max(value, LATENCY_FLOOR_MS) for value in millis],
-            marker=".",
-            markersize=3,
-            label=label,
+            line.xs,
+            [max(value, LATENCY_FLOOR_MS) for value in line.ys],
+            marker=line.marker,
+            markersize=6 if line.points_only else 3,
+            linestyle=line.linestyle,
+            label=line.label,
         )
-        highest = max(highest, max(q for q, _ in usable))
-        drawn = True
-    ticks = [q for q in _PERCENTILE_TICKS if q <= max(highest, 0.99)]
+    furthest = max((max(line.xs) for line in series), default=_tail_position(0.99))
+    ticks = [*_LOW_TICKS, *(q for q in _PERCENTILE_TICKS if _tail_position(q) <= furthest)]
+    if furthest < _tail_position(0.99):
+        ticks.append(0.99)
     axes.set_xticks([_tail_position(q) for q in ticks])
     axes.set_xticklabels([f"{q * 100:g}%" for q in ticks])
-    if drawn:
+    axes.set_xlim(-0.02 * max(furthest, 1.0), max(furthest, _tail_position(0.99)) * 1.03)
+    if series:
         axes.set_yscale("log")
         if clipped:
             axes.set_ylim(bottom=LATENCY_FLOOR_MS * 0.8)
     floor_note = (
         f"; latencies under {LATENCY_FLOOR_MS:g} ms (e.g. 0) drawn at {LATENCY_FLOOR_MS:g} ms"
     )
-    axes.set_xlabel("percentile" + (floor_note if drawn and clipped else ""))
+    axes.set_xlabel("percentile" + (floor_note if series and clipped else ""))
     axes.set_ylabel("completion latency (ms)")
     axes.set_title("Completion latency distribution (completed operations)")
-    return _finish(figure, axes, path, drawn)
+    _finish(figure, axes, path, bool(series))
+    return figure
 
 
-def timeline_chart(path: Path, series: Curves, *, title: str, ylabel: str, xlabel: str) -> Path:
-    """Rates over time, one line per series.
+#: Colours of marked windows: spikes of expirations, and drops of throughput.
+_WINDOW_COLOURS = {"expirations": "tab:red", "throughput": "tab:gray"}
+
+
+def timeline_chart(
+    path: Path,
+    series: Curves,
+    *,
+    title: str,
+    ylabel: str,
+    xlabel: str,
+    windows: Sequence[Window] = (),
+) -> Path:
+    """Rates over time, one line per series, anomalous windows shaded.
 
     Args:
         path: Where the PNG goes.
@@ -101,6 +175,7 @@ def timeline_chart(path: Path, series: Curves, *, title: str, ylabel: str, xlabe
         title: Chart title.
         ylabel: Y axis label.
         xlabel: X axis label.
+        windows: Anomalies to shade (see :func:`~.anomalies.find_windows`).
     """
     figure, axes = _figure()
     drawn = False
@@ -109,6 +184,17 @@ def timeline_chart(path: Path, series: Curves, *, title: str, ylabel: str, xlabe
             continue
         axes.plot([x for x, _ in points], [y for _, y in points], linewidth=1.0, label=label)
         drawn = True
+    shown: set[str] = set()
+    for window in windows:
+        name = f"anomaly: {window.kind}"
+        axes.axvspan(
+            window.start,
+            window.end,
+            color=_WINDOW_COLOURS.get(window.kind, "tab:orange"),
+            alpha=0.18,
+            label=None if name in shown else name,
+        )
+        shown.add(name)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title)
@@ -116,36 +202,73 @@ def timeline_chart(path: Path, series: Curves, *, title: str, ylabel: str, xlabe
     return _finish(figure, axes, path, drawn)
 
 
-def whatif_chart(path: Path, curves: Curves, timeouts: Mapping[str, float]) -> Path:
+#: Below this share (in %), the what-if axis is linear; above, logarithmic: a line
+#: at 0.2% stays clear of one at 2% and of the axis, and 80% still fits.
+WHATIF_LINEAR_BELOW = 1.0
+#: Distinct per line, so lines that overlap remain tellable apart.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def whatif_series(curves: Curves, timeouts: Mapping[str, float]) -> list[Series]:
+    """What :func:`whatif_chart` draws: x in % of the timeout, y the share in %."""
+    drawn = []
+    for index, (label, points) in enumerate(curves.items()):
+        if not points:
+            continue
+        timeout = timeouts.get(label)
+        drawn.append(
+            Series(
+                label if timeout is None else f"{label} (timeout {_ms(timeout)})",
+                [fraction * 100.0 for fraction, _ in points],
+                [share * 100.0 for _, share in points],
+                marker=_MARKERS[index % len(_MARKERS)],
+                linestyle=_LINESTYLES[index % len(_LINESTYLES)],
+            )
+        )
+    return drawn
+
+
+def whatif_chart(path: Path, curves: Curves, timeouts: Mapping[str, float]) -> Figure:
     """Share of operations that would have expired against a shorter timeout.
 
     Each series is drawn against its own timeout (x: fraction of it), so a
-    500 ms timeout and a 30 s one both span the whole axis.
+    500 ms timeout and a 30 s one both span the whole axis. The y axis is
+    linear up to :data:`WHATIF_LINEAR_BELOW` % and logarithmic above, and starts
+    below zero, so a line near zero stands clear of the axis and of its neighbours.
 
     Args:
         path: Where the PNG goes.
         curves: Per series, ``(fraction of the timeout used, share 0..1)``
             points; the last point (fraction 1) is the timeout actually used.
         timeouts: Per series, its mean timeout in seconds, for the legend.
+
+    Returns:
+        The drawn figure (for checking where the lines landed).
     """
     figure, axes = _figure()
-    drawn = False
-    for label, points in curves.items():
-        if not points:
-            continue
-        xs = [fraction * 100.0 for fraction, _ in points]
-        ys = [share * 100.0 for _, share in points]
-        timeout = timeouts.get(label)
-        name = label if timeout is None else f"{label} (timeout {_ms(timeout)})"
-        (line,) = axes.plot(xs, ys, marker=".", markersize=4, label=name)
-        axes.plot(xs[-1:], ys[-1:], marker="o", color=line.get_color())
-        drawn = True
+    series = whatif_series(curves, timeouts)
+    for line in series:
+        (drawn,) = axes.plot(
+            line.xs,
+            line.ys,
+            marker=line.marker,
+            markersize=4,
+            linestyle=line.linestyle,
+            label=line.label,
+        )
+        axes.plot(line.xs[-1:], line.ys[-1:], marker="o", markersize=7, color=drawn.get_color())
+    axes.set_yscale("symlog", linthresh=WHATIF_LINEAR_BELOW, linscale=1.0)
+    axes.set_ylim(-0.15 * WHATIF_LINEAR_BELOW, 100.0)
+    ticks = [0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+    axes.set_yticks(ticks)
+    axes.set_yticklabels([f"{tick:g}" for tick in ticks])
     axes.set_xlabel("candidate timeout (% of the timeout each operation type used)")
     axes.set_ylabel("operations that would expire (%)")
     axes.set_title("Timeout what-if (shorter timeouts only)")
-    axes.set_ylim(0, 100)
     axes.set_xlim(0, 102)
-    return _finish(figure, axes, path, drawn)
+    _finish(figure, axes, path, bool(series))
+    return figure
 
 
 def _ms(seconds: float) -> str:

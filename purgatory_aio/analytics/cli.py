@@ -25,6 +25,9 @@ if __name__ == "__main__" and not __package__:
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _here]
 
 import argparse
+import logging
+import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -120,8 +123,17 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
         message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
         return _fail(message)
 
+    # py4j logs a dying JVM's broken connection with a traceback (some of it through the
+    # root logger); the one line below says what happened instead.
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    root = logging.getLogger()
+    if _from_py4j not in root.filters:
+        root.addFilter(_from_py4j)
+    # PySpark warns again when it stops a context whose JVM is gone (also at exit).
+    warnings.filterwarnings("ignore", message=_UNCLEAN_SHUTDOWN, category=RuntimeWarning)
     # A session already running in this process (a notebook, a test) is borrowed, not stopped.
     own_session = spark is None and SparkSession.getActiveSession() is None
+    heap: str | None = None
     try:
         since = None if args.since is None else inputs.parse_time(args.since)
         until = None if args.until is None else inputs.parse_time(args.until)
@@ -131,6 +143,7 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
         inputs.preflight(args.events_dir, window)
         if spark is None:
             spark = session.create_session(args.master, conf)
+        heap = session.driver_memory(spark)
         try:
             result = report.run(
                 args.events_dir,
@@ -143,14 +156,20 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
             )
         finally:
             if own_session:
-                spark.stop()
+                _stop(spark)
     except ReportError as exc:
         return _fail(str(exc))
-    except OSError as exc:
-        return _fail(f"cannot write the report: {exc}")
     except KeyboardInterrupt:
         return _fail("interrupted", status=130)
     except Exception as exc:
+        # A JVM that died (out of memory, killed) surfaces as any error at all, a
+        # ConnectionRefusedError from py4j among them: ask the JVM before the error.
+        if heap is not None and (failure := session.jvm_failure(heap)):
+            return _fail(failure)
+        if heap is not None and "OutOfMemoryError" in _describe(exc):
+            return _fail(session.out_of_memory_message(heap))
+        if isinstance(exc, OSError) and not _is_spark_error(exc):
+            return _fail(f"cannot write the report: {exc}")
         if not _is_spark_error(exc):
             raise
         return _fail(f"Spark job failed: {describe_spark_error(exc)}")
@@ -158,6 +177,29 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     for problem in result.quality.problems():
         print(f"{PROG}: warning: {problem} (see the Data quality section)", file=sys.stderr)
     return 0
+
+
+_UNCLEAN_SHUTDOWN = "Unable to cleanly shutdown Spark JVM process"
+
+
+def _stop(spark: Session) -> None:
+    """Stop a session this command started; a dead JVM has nothing left to stop."""
+    try:
+        spark.stop()
+    except Exception:  # the run's own error (or the JVM's death) is what gets reported
+        return
+
+
+def _from_py4j(record: logging.LogRecord) -> bool:
+    """Logging filter: False (drop) for what py4j logs on the root logger."""
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return describe_spark_error(exc) if _is_spark_error(exc) else str(exc)
+    except Exception:  # a dead gateway cannot describe its own exceptions
+        return str(exc)
 
 
 def _is_spark_error(exc: BaseException) -> bool:

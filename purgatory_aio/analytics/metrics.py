@@ -84,15 +84,16 @@ def _outcome_counts() -> list[Column]:
 
 
 def group_aggregates(valid: Column | None = None) -> list[Column]:
-    """Every per-(purgatory, op_type) figure a single pass can give.
+    """Every plain per-(purgatory, op_type) figure: counts, sums, minima, maxima.
 
-    Columns: ``count``, one count per outcome, ``latency_curve`` (latencies at
-    :data:`CURVE_QUANTILES`), ``latency_mean``/``_min``/``_max``,
-    ``lateness_q`` (at :data:`LATENESS_QUANTILES`), ``lateness_max``,
-    ``first_settled_at``/``last_settled_at``, ``timeout_min``/``_mean``/``_max``,
-    and ``would_expire``: per fraction ``f`` of :data:`WHATIF_FRACTIONS`, the
-    operations that would have expired with timeout ``f * (deadline -
-    created_at)`` (expired ones, and completed ones slower than that).
+    Columns: ``count``, one count per outcome, ``latency_mean``/``_min``/``_max``,
+    ``lateness_max``, ``first_settled_at``/``last_settled_at``,
+    ``timeout_min``/``_mean``/``_max``, and ``would_expire``: per fraction ``f``
+    of :data:`WHATIF_FRACTIONS`, the operations that would have expired with
+    timeout ``f * (deadline - created_at)`` (expired ones, and completed ones
+    slower than that). Their buffers are fixed-width numbers, so Spark runs them
+    in its compiled hash aggregation; the percentiles are
+    :func:`percentile_aggregates`.
 
     Args:
         valid: Rows to count; the others are left out of every figure (so one
@@ -111,11 +112,9 @@ def group_aggregates(valid: Column | None = None) -> list[Column]:
     return [
         F.count(F.when(keep, 1)).alias("count"),
         *(F.count(F.when(keep & _is(outcome), 1)).alias(outcome) for outcome in OUTCOMES),
-        F.percentile_approx(completion, list(CURVE_QUANTILES), ACCURACY).alias("latency_curve"),
         F.mean(completion).alias("latency_mean"),
         F.min(completion).alias("latency_min"),
         F.max(completion).alias("latency_max"),
-        F.percentile_approx(late, list(LATENESS_QUANTILES.values()), ACCURACY).alias("lateness_q"),
         F.max(late).alias("lateness_max"),
         F.min(settled).alias("first_settled_at"),
         F.max(settled).alias("last_settled_at"),
@@ -123,6 +122,18 @@ def group_aggregates(valid: Column | None = None) -> list[Column]:
         F.mean(given).alias("timeout_mean"),
         F.max(given).alias("timeout_max"),
         F.array(*would_expire).alias("would_expire"),
+    ]
+
+
+def percentile_aggregates() -> list[Column]:
+    """``latency_curve`` (completion latencies at :data:`CURVE_QUANTILES`) and
+    ``lateness_q`` (at :data:`LATENESS_QUANTILES`), for rows already filtered to
+    the valid ones."""
+    completion = F.when(_is("completed"), latency())
+    late = F.when(_is("expired"), lateness())
+    return [
+        F.percentile_approx(completion, list(CURVE_QUANTILES), ACCURACY).alias("latency_curve"),
+        F.percentile_approx(late, list(LATENESS_QUANTILES.values()), ACCURACY).alias("lateness_q"),
     ]
 
 
@@ -194,9 +205,11 @@ def timeline(per_second_table: DataFrame, start: int, bin_seconds: int) -> DataF
 
     Returns:
         Columns ``purgatory``, ``op_type``, ``bin`` (index from ``start``),
-        ``settled``, ``expired``.
+        ``settled``, ``expired`` and ``peak`` (the most settled in one second of the bin).
     """
     index = F.floor((F.col("second") - F.lit(start)) / F.lit(bin_seconds)).cast("long")
     return per_second_table.groupBy(*GROUP, index.alias("bin")).agg(
-        F.sum("settled").alias("settled"), F.sum("expired").alias("expired")
+        F.sum("settled").alias("settled"),
+        F.sum("expired").alias("expired"),
+        F.max("settled").alias("peak"),
     )

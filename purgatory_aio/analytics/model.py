@@ -23,6 +23,7 @@ SUMMARY_KEYS = (
 Row = dict[str, Any]
 
 if TYPE_CHECKING:
+    from purgatory_aio.analytics.anomalies import Window
     from purgatory_aio.analytics.quality import Quality
 
 
@@ -46,6 +47,12 @@ class Report:
     withheld_quantiles: list[float] = field(default_factory=list)
     #: The ``--since``/``--until`` window in words, or ``None``.
     window: str | None = None
+    #: What ran the report (Spark version, master, heap, partitions), for its run section.
+    run: dict[str, str] = field(default_factory=dict)
+    #: Anomalous windows of the timelines (expiration bursts, throughput drops).
+    anomalies: list[Window] = field(default_factory=list)
+    #: Per group, its busiest expiration bin: (seconds since the timeline's start, rate/s).
+    expiry_peaks: dict[str, tuple[float, float]] = field(default_factory=dict)
     tables: dict[str, str] = field(default_factory=dict)
     charts: dict[str, str] = field(default_factory=dict)
     summary_json: str | None = None

@@ -5,9 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
+from purgatory_aio.analytics.anomalies import KINDS, THRESHOLD, Window
 from purgatory_aio.analytics.metrics import ACCURACY, RANK_ERROR, TAIL_SHARE
-from purgatory_aio.analytics.model import Report, label, timeouts_vary
+from purgatory_aio.analytics.model import Report, Row, label, timeouts_vary
 from purgatory_aio.analytics.quality import PLAUSIBLE_FROM, PLAUSIBLE_UNTIL, REASONS
+
+#: A shorter timeout "costs little" when it expires at most this many more
+#: operations (a share of those judged) than the timeout used.
+AFFORDABLE_EXTRA = 0.01
+#: Groups the findings give a what-if sentence for (the largest ones).
+FINDINGS_GROUPS = 3
 
 #: Fractions of the used timeout shown in the what-if tables of report.md.
 WHATIF_SHOWN = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -33,6 +40,7 @@ def render_markdown(report: Report) -> str:
     """The whole of ``report.md``."""
     parts = [
         _header(report),
+        _findings_section(report),
         _quality_section(report),
         _summary_section(report),
         _latency_section(report),
@@ -40,6 +48,7 @@ def render_markdown(report: Report) -> str:
         _timeline_section(report),
         _hot_keys_section(report),
         _whatif_section(report),
+        _run_section(report),
         _tables_section(report),
     ]
     return "\n\n".join(part.strip() for part in parts) + "\n"
@@ -60,6 +69,118 @@ purgatory/op_type group(s)
 Times below are in milliseconds unless marked; `summary.json` holds the same figures in
 seconds.
 """
+
+
+def key_findings(report: Report) -> list[str]:
+    """The report in a few sentences: volume, what expired most and when, anomalies,
+    what a shorter timeout would cost, and whether the input had problems."""
+    summary = report.summary
+    total = sum(int(row["count"]) for row in summary)
+    expired = sum(int(row["expired"]) for row in summary)
+    first = min(row["first_settled_at"] for row in summary)
+    last = max(row["last_settled_at"] for row in summary)
+    found = [
+        f"{total:,} operations in {len(summary)} group(s) settled over "
+        f"{_duration(last - first)}; {expired:,} ({_pct(expired / total)}) expired."
+    ]
+    worst = max(summary, key=lambda row: (int(row["expired"]), row["expiry_ratio"]))
+    if int(worst["expired"]):
+        sentence = (
+            f"`{label(worst)}` expired most: {_int(worst['expired'])} of "
+            f"{_int(worst['count'])} ({_pct(worst['expiry_ratio'])})"
+        )
+        peak = report.expiry_peaks.get(label(worst))
+        if peak is not None:
+            offset, rate = peak
+            sentence += f", at worst {rate:,.1f}/s around {_clock(report.timeline_start + offset)}"
+        found.append(sentence + ".")
+    if report.anomalies:
+        found.append(
+            "Anomalies, shaded on the charts: "
+            + "; ".join(_window_text(report, window) for window in report.anomalies)
+            + "."
+        )
+    largest = sorted(summary, key=lambda row: -int(row["count"]))[:FINDINGS_GROUPS]
+    for row in largest:
+        whatif = _whatif_finding(row, [w for w in report.whatif if label(w) == label(row)])
+        if whatif:
+            found.append(whatif)
+    if problems := report.quality.problems():
+        found.append(f"The input has problems (see Data quality): {'; '.join(problems)}.")
+    return found
+
+
+def _whatif_finding(summary: Row, rows: list[Row]) -> str | None:
+    """What the shortest affordable timeout of a group would cost, in one sentence."""
+    if not rows:
+        return None
+    used = max(rows, key=lambda row: row["timeout_fraction"])
+    base = float(used["share"])
+    affordable = [
+        row
+        for row in rows
+        if row is not used
+        and float(row["share"]) - base <= AFFORDABLE_EXTRA + 1e-12
+        and _shown(row["timeout_fraction"])
+    ]
+    name = f"`{label(summary)}`"
+    if affordable:
+        row = min(affordable, key=lambda r: r["timeout_fraction"])
+        extra = float(row["share"]) - base
+        cost = (
+            f"only {_pct(extra)} more of its operations ({_pct(row['share'])} instead of "
+            f"{_pct(base)})"
+            if int(row["would_expire"]) > int(used["would_expire"])
+            else f"no more of its operations than now ({_pct(base)})"
+        )
+        return (
+            f"A shorter timeout: {name} at {_ms(row['candidate_timeout_s'])} ms "
+            f"({row['timeout_fraction']:.0%} of its {_ms(used['candidate_timeout_s'])} ms) "
+            f"would expire {cost}."
+        )
+    nearest = max(
+        (r for r in rows if r is not used and _shown(r["timeout_fraction"])),
+        default=None,
+        key=lambda r: r["timeout_fraction"],
+    )
+    if nearest is None:
+        return None
+    return (
+        f"Shorter timeouts cost {name} dearly: at {_ms(nearest['candidate_timeout_s'])} ms "
+        f"({nearest['timeout_fraction']:.0%} of its timeout) {_pct(nearest['share'])} would "
+        f"expire instead of {_pct(base)}."
+    )
+
+
+def _window_text(report: Report, window: Window) -> str:
+    start = report.timeline_start + window.start
+    end = datetime.fromtimestamp(report.timeline_start + window.end, UTC).strftime("%H:%M:%S")
+    return f"{KINDS[window.kind]} from {_clock(start)} to {end}"
+
+
+def _findings_section(report: Report) -> str:
+    return "## Key findings\n\n" + "\n".join(f"- {sentence}" for sentence in key_findings(report))
+
+
+def _run_section(report: Report) -> str:
+    if not report.run:
+        return ""
+    rows = [
+        [name, f"`{value}`" if name != "defaults" else value] for name, value in report.run.items()
+    ]
+    return "## Run\n\n" + _table(["setting", "value"], rows)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:,.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def _clock(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _quality_section(report: Report) -> str:
@@ -202,10 +323,18 @@ expired an operation (percentiles approximate as above).
 def _timeline_section(report: Report) -> str:
     width = report.timeline_bin_seconds
     binning = "per second" if width == 1 else f"averaged over {width} s bins"
+    if report.anomalies:
+        marked = "Shaded: " + "; ".join(_window_text(report, w) for w in report.anomalies)
+    else:
+        marked = "No anomalous window"
+    anomalies = (
+        f"{marked} (a bin is anomalous when its count lies more than {THRESHOLD:g} robust "
+        "standard deviations from the median bin's)."
+    )
     return f"""
 ## Over time
 
-Rates {binning}; the per-second counts are in `tables/throughput`.
+Rates {binning}; the per-second counts are in `tables/throughput`. {anomalies}
 
 ![Operations settled per second](charts/throughput.png)
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from purgatory_aio.analytics.errors import (
     JAVA_MISSING,
@@ -17,6 +21,8 @@ from purgatory_aio.analytics.errors import (
 )
 
 try:
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 except ImportError as exc:
     raise missing_dependency(exc) from exc
@@ -79,34 +85,104 @@ def check_master(master: str) -> None:
         )
 
 
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+#: Driver heap of a local run: a quarter of the memory, within these bounds (GiB).
+#: The JVM only commits what it uses; the report spills to disk beyond the heap.
+DRIVER_MEMORY_GB = (1, 8)
+
+
+def local_driver_memory() -> str:
+    """``spark.driver.memory`` for a local run on this machine, e.g. ``"6g"``."""
+    low, high = DRIVER_MEMORY_GB
+    return f"{max(low, min(high, machine_memory() // 4 // 2**30))}g"
+
+
+def local_cores(master: str) -> int | None:
+    """Worker threads of a ``local`` master URL, or ``None`` for any other master."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if match is None:
+        return None
+    threads = match.group(1)
+    if threads is None:
+        return 1
+    if threads == "*":
+        return os.cpu_count() or 1
+    return int(threads)
+
+
 def local_defaults(master: str) -> dict[str, str]:
-    """Settings for a single-machine run: few shuffle partitions, no web UI.
+    """Settings for a single-machine run, derived from the machine; ``--conf`` overrides each.
 
     Args:
         master: A Spark master URL; only ``local``, ``local[N]`` and ``local[*]`` get defaults.
     """
-    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
-    if match is None:
+    cores = local_cores(master)
+    if cores is None:
         return {}
-    threads = match.group(1)
-    if threads is None:
-        cores = 1
-    elif threads == "*":
-        cores = os.cpu_count() or 1
-    else:
-        cores = int(threads)
     return {
         # An embedded run serves nobody else: bind the driver (block manager, RPC) to
         # loopback instead of the address the host name resolves to.
         "spark.driver.host": LOOPBACK,
         "spark.driver.bindAddress": LOOPBACK,
+        # Spark's own default is 1 GB whatever the machine; the report spills what does
+        # not fit, so this is speed (fewer spills), not whether it finishes.
+        "spark.driver.memory": local_driver_memory(),
         # The default of 200 partitions costs more in task overhead than the
-        # aggregations it splits: the report's grouped tables are small.
-        "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
+        # aggregations it splits; 4 per core keeps each task's share of a large log's
+        # shuffle small (less to spill), and Spark's adaptive execution (on by default)
+        # merges them again on small ones.
+        "spark.sql.shuffle.partitions": str(max(4, 4 * cores)),
         "spark.default.parallelism": str(max(2, 2 * cores)),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
+
+
+#: Settings the report's run section states, with what they mean.
+RUN_SETTINGS = {
+    "spark.master": "master",
+    "spark.driver.memory": "driver heap",
+    "spark.sql.shuffle.partitions": "shuffle partitions",
+}
+
+
+def describe_run(spark: SparkSession) -> dict[str, str]:
+    """What the report's run section says about the session: Spark version, master,
+    heap and shuffle partitions, and whether those are this machine's defaults."""
+    conf = spark.sparkContext.getConf()
+    found = {
+        "spark": str(spark.version),
+        **{label: str(conf.get(key, "")) for key, label in RUN_SETTINGS.items()},
+    }
+    found["shuffle partitions"] = str(spark.conf.get("spark.sql.shuffle.partitions"))
+    if not found["driver heap"]:
+        found["driver heap"] = "1g (Spark's default)"
+    cores = local_cores(found["master"])
+    if cores is not None:
+        defaults = local_defaults(found["master"])
+        chosen = [
+            label
+            for key, label in RUN_SETTINGS.items()
+            if key in defaults and found[label] == defaults[key]
+        ]
+        if chosen:
+            found["defaults"] = (
+                f"{' and '.join(chosen)} derived from this machine ({cores} cores, "
+                f"{machine_memory() / 2**30:.0f} GiB); override with --conf KEY=VALUE"
+            )
+    return found
 
 
 def create_session(
@@ -146,6 +222,8 @@ def create_session(
             # its "resolves to a loopback address" warning.
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     settings.update(conf or {})
+    if effective is not None and not under_spark_submit() and SparkContext._gateway is None:
+        _launch_jvm(effective, settings)
     builder = SparkSession.builder.appName(APP_NAME)
     if effective is not None:
         builder = builder.master(effective)
@@ -169,6 +247,112 @@ def create_session(
     if not running_master.startswith("local"):
         check_worker_python(spark)
     return spark
+
+
+#: What the JVM prints on its own at start-up that says nothing to a report's user
+#: (Spark 4 loads the vector incubator module; Java warns about it on every start).
+JVM_NOISE = re.compile(r"WARNING: Using incubator modules: .*")
+
+#: Exit status of a Spark JVM that ran out of memory (Spark's ``SparkExitCode.OOM``).
+OOM_EXIT_STATUS = 52
+
+
+class _Jvm:
+    """The JVM this process started, and what its standard error said."""
+
+    process: subprocess.Popen[bytes] | None = None
+    out_of_memory = False
+
+
+def _launch_jvm(master: str, settings: Mapping[str, str]) -> None:
+    """Start Spark's JVM with its standard error piped through :func:`forward_jvm_stderr`.
+
+    PySpark would start it with the terminal as its standard error; here its start-up
+    noise is dropped and every other line still reaches the user's standard error.
+    """
+    conf = SparkConf(loadDefaults=False).setMaster(master).setAppName(APP_NAME)
+    for key, value in settings.items():
+        conf.set(key, value)
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        raise ReportError(
+            f"cannot start Spark (check --master and --conf): {describe_spark_error(exc)}"
+        ) from exc
+    process = getattr(gateway, "proc", None)
+    if process is not None and process.stderr is not None:
+        _Jvm.process = process
+        threading.Thread(
+            target=forward_jvm_stderr,
+            # Where the JVM's own standard error went before: the process's.
+            args=(process.stderr, sys.__stderr__ or sys.stderr),
+            name="spark-jvm-stderr",
+            daemon=True,
+        ).start()
+    SparkContext(conf=conf, gateway=gateway)
+
+
+def forward_jvm_stderr(source: IO[bytes], target: IO[str]) -> None:
+    """Copy the JVM's standard error to ``target`` line by line, without :data:`JVM_NOISE`.
+
+    Notes an ``OutOfMemoryError`` on the way, for :func:`jvm_failure`.
+    """
+    for raw in iter(source.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if "OutOfMemoryError" in line:
+            _Jvm.out_of_memory = True
+        if JVM_NOISE.fullmatch(line.rstrip("\r\n")):
+            continue
+        try:
+            target.write(line)
+            target.flush()
+        except (OSError, ValueError):  # the terminal went away: keep draining the pipe
+            continue
+
+
+def driver_memory(spark: SparkSession) -> str:
+    """The driver heap the session was started with, e.g. ``"6g"``."""
+    return str(spark.sparkContext.getConf().get("spark.driver.memory", "1g"))
+
+
+def jvm_failure(heap: str, *, wait: float = 5.0) -> str | None:
+    """Why the JVM this process started is gone, or ``None`` while it runs.
+
+    Args:
+        heap: The driver heap it was given (:func:`driver_memory`), for the advice.
+        wait: Seconds to give a dying JVM to exit (py4j may notice first).
+    """
+    process = _Jvm.process
+    if process is None:
+        return None
+    deadline = time.monotonic() + wait
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = process.poll()
+    if status is None:
+        return None
+    if status == OOM_EXIT_STATUS or _Jvm.out_of_memory:
+        return out_of_memory_message(heap)
+    if status < 0:
+        return (
+            f"the Spark JVM was killed by signal {-status} (e.g. the system ran out of memory;"
+            f" its heap was {heap}); rerun, or with --conf spark.driver.memory=... if it recurs"
+        )
+    return f"the Spark JVM exited unexpectedly with status {status}"
+
+
+def out_of_memory_message(heap: str) -> str:
+    """The one line for a run that exhausted the driver's heap."""
+    match = re.fullmatch(r"(\d+)([gGmM])?", heap.strip())
+    if match is None:
+        bigger = "a larger value"
+    else:
+        amount = int(match.group(1)) * (1024 if (match.group(2) or "m").lower() == "g" else 1)
+        bigger = f"{max(2, amount * 2 // 1024)}g"
+    return (
+        f"Spark ran out of memory (driver heap {heap}): rerun with "
+        f"--conf spark.driver.memory={bigger}"
+    )
 
 
 def _is_local(master: str) -> bool:

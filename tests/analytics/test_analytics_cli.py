@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -284,3 +285,69 @@ def test_columns_of_the_cli_schema_match_the_event_schema() -> None:
     assert tuple(arrow_schema().names) == COLUMNS
     assert cli.PROG == "purgatory-report"
     assert os.sep not in cli.PROG
+
+
+def test_the_jvm_start_up_noise_is_dropped_and_its_errors_kept() -> None:
+    from purgatory_aio.analytics.session import forward_jvm_stderr
+
+    source = io.BytesIO(
+        b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+        b"Error occurred during initialization of VM\n"
+        b"spark: ERROR SparkContext: Error initializing SparkContext.\n"
+    )
+    target = io.StringIO()
+    forward_jvm_stderr(source, target)
+    assert target.getvalue() == (
+        "Error occurred during initialization of VM\n"
+        "spark: ERROR SparkContext: Error initializing SparkContext.\n"
+    )
+
+
+# Runs the command in a fresh process whose report.run first does `action` to the JVM
+# the command started (a real JVM, really killed), then runs as usual.
+_DYING_JVM = """
+import os, signal, sys
+from purgatory_aio.analytics import cli, report, session
+real_run = report.run
+def run(*args, spark, **kwargs):
+    action = sys.argv[1]
+    if action == "kill":
+        os.kill(session._Jvm.process.pid, signal.SIGKILL)
+    else:  # what Spark's handler of an uncaught OutOfMemoryError does
+        try:
+            spark.sparkContext._jvm.java.lang.System.exit(52)
+        except Exception:
+            pass
+    return real_run(*args, spark=spark, **kwargs)
+report.run = run
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [
+        ("kill", "the Spark JVM was killed by signal 9"),
+        (
+            "oom",
+            "Spark ran out of memory (driver heap 1g): rerun with --conf spark.driver.memory=2g",
+        ),
+    ],
+)
+def test_a_dying_jvm_is_one_line_not_a_write_error(
+    tmp_path: Path, action: str, expected: str
+) -> None:
+    write_parquet(tmp_path / "events" / "e.parquet", [EVENT._asdict()], arrow_schema())
+    command = [
+        sys.executable, "-c", _DYING_JVM, action, str(tmp_path / "events"),
+        "--out", str(tmp_path / "out"), "--master", "local[1]",
+        "--conf", "spark.driver.memory=1g",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [lines[0]], done.stderr  # one line: no traceback, no JVM start-up noise
+    assert lines[0].startswith(f"purgatory-report: error: {expected}"), lines[0]
+    assert "cannot write the report" not in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -186,3 +186,38 @@ def test_uris_go_through_hadoop_file_system(
     assert (target / "charts" / "latency.png").is_file()
     assert (target / "tables" / "hot_keys").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["remote-report"]
+
+
+@pytest.mark.spark
+def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_path: Path) -> None:
+    """A record twice is a duplicate; two records under one (producer, purgatory, op_id)
+    are a conflict; without a producer only exact copies count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from purgatory_aio.analytics.inputs import CORRUPT, read_events
+    from purgatory_aio.analytics.quality import Quality
+    from purgatory_aio.analytics.report import check_identities
+    from purgatory_aio.eventlog import arrow_schema
+    from purgatory_aio.events import COLUMNS
+
+    a = GOOD._replace(producer="w1")
+    b = a._replace(settled_at=START + 0.25)  # same id, other contents
+    c = a._replace(op_id=9)
+    d = a._replace(op_id=10, error=None, keys=["k", "x"])
+    e = d._replace(keys=["x", "k"])  # the same id with its keys in another order
+    orphan = GOOD._replace(op_id=11, producer=None)
+    other = orphan._replace(settled_at=START + 0.75)  # no producer: never a conflict
+    records = [a, a, b, a, c, c, d, e, orphan, orphan, other]
+    path = tmp_path / "events" / "part.parquet"
+    path.parent.mkdir()
+    pq.write_table(
+        pa.Table.from_pylist([r.as_dict() for r in records], schema=arrow_schema()), path
+    )
+    frame = read_events(spark, find_event_files(str(path.parent))).select(*COLUMNS, CORRUPT)
+    quality = Quality()
+    check_identities(frame, quality)
+    distinct = set(map(str, records))
+    assert quality.rows_read == len(records)
+    assert quality.duplicates == len(records) - len(distinct) == 4
+    assert (quality.conflicting_ids, quality.conflicting_rows) == (2, 4)  # (a, b) and (d, e)

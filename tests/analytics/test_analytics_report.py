@@ -261,6 +261,33 @@ def test_a_standalone_cluster_gives_the_same_report(
     for name in ("hot_keys", "whatif", "throughput"):
         key = sorted(map(str, table(out_dir, name)))
         assert sorted(map(str, table(out, name))) == key, name
-    assert (out / "report.md").read_text().split("## Data quality")[1] == (
-        (out_dir / "report.md").read_text().split("## Data quality")[1]
-    )
+
+    def body(report_dir: Path) -> str:  # from the data quality to the run section
+        text = (report_dir / "report.md").read_text()
+        return text.split("## Data quality")[1].split("## Run")[0]
+
+    assert body(out) == body(out_dir)
+    assert "| master | `spark://127.0.0.1:" in (out / "report.md").read_text()
+
+
+def test_report_opens_with_findings_and_states_its_run(out_dir: Path) -> None:
+    from purgatory_aio.analytics.session import local_defaults
+
+    text = (out_dir / "report.md").read_text()
+    assert text.index("## Key findings") < text.index("## Data quality")
+    run = text.split("## Run", 1)[1]
+    assert "| master | `local[2]` |" in run
+    defaults = local_defaults("local[2]")
+    assert f"| driver heap | `{defaults['spark.driver.memory']}` |" in run
+    assert f"| shuffle partitions | `{defaults['spark.sql.shuffle.partitions']}` |" in run
+    assert "override with --conf" in run
+
+
+def test_local_defaults_come_from_the_machine() -> None:
+    from purgatory_aio.analytics.session import local_defaults, machine_memory
+
+    defaults = local_defaults("local[2]")
+    heap = int(defaults["spark.driver.memory"].rstrip("g"))
+    assert 1 <= heap <= max(1, machine_memory() // 2**30 // 4)
+    assert defaults["spark.sql.shuffle.partitions"] == "8"
+    assert local_defaults("spark://h:7077") == {}
