@@ -72,16 +72,20 @@ class Purgatory:
 
     def __init__(
         self,
-        name: str,
+        # ``name`` and the two flags are typed ``object`` on purpose: the compiled build
+        # checks a parameter's declared type before the body runs, with a message that
+        # names no parameter ("str object expected; got int"); typed ``object`` they
+        # reach the checks below, whose errors say which argument is wrong and why.
+        name: object,
         *,
         tick: SupportsFloat = 0.001,
         wheel_size: SupportsIndex = 20,
         purge_interval: SupportsIndex = 1000,
         clock: Clock | None = None,
         event_sink: EventSink | None = None,
-        offload_callbacks: bool = False,
+        offload_callbacks: object = False,
         offload_threads: SupportsIndex = 8,
-        log_operations: bool = False,
+        log_operations: object = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")

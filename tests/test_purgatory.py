@@ -656,3 +656,21 @@ async def test_an_operation_needs_no_hash_of_its_own(clock: ManualClock, kind: t
         await clock.advance(10)
         assert first.is_completed and second.cancelled
         assert p.num_delayed == 0 and p.watched == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": 123}, r"name must be a non-empty str, got 123"),
+        ({"name": ""}, r"name must be a non-empty str, got ''"),
+        ({"name": "p", "offload_callbacks": 1}, r"offload_callbacks must be True or False, got 1"),
+        ({"name": "p", "log_operations": "y"}, r"log_operations must be True or False, got 'y'"),
+    ],
+)
+def test_a_bad_constructor_argument_is_named_on_both_builds(
+    kwargs: dict[str, object], message: str
+) -> None:
+    # The compiled build used to refuse these with its own "str object expected; got int",
+    # which names no parameter.
+    with pytest.raises(TypeError, match=message):
+        Purgatory(**kwargs)  # type: ignore[arg-type]

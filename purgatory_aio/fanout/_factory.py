@@ -12,6 +12,7 @@ from ._urls import redacted
 
 #: The environment variable :func:`fanout_from_url` reads when no URL is given.
 ENV_FANOUT_URL: Final = "PURGATORY_AIO_FANOUT_URL"
+"""The environment variable ``fanout_from_url(None)`` reads its engine URL from."""
 
 _REDIS: Final = ("redis", "rediss", "unix")
 _POSTGRES: Final = ("postgresql", "postgres")
