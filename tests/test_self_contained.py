@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: directory such notes live in, or a numbered issue.
 #: (The notes' names are upper case: this site's own pages, like fanout.md, are not.)
 OUTSIDE = re.compile(
-    r"\b(?:API|WORKLOADS|STYLE|KAFKA_WIRE|FANOUT)\.md\b|shared/design|\b[Ii]ssues?\s+#?\d+"
+    r"\b(?:API|WORKLOADS|STYLE|KAFKA_WIRE|FANOUT)\.md\b|shared[/]design|\b[Ii]ssues?\s+#?\d+"
 )
 SCANNED = ("purgatory_aio", "tests", "bench", "examples", "docs")
 SUFFIXES = {".py", ".md", ".c", ".toml", ".yml", ".cfg", ".txt", ".properties"}
