@@ -24,21 +24,20 @@ mypyc modules. The pure build has no C extension and keeps everything tracked
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 untrack: Callable[[object], bool] | None
 track: Callable[[object], None] | None
 untrack_container: Callable[[object], None] | None
-untrack_items: Callable[[list[Any], int], None] | None
 track_container: Callable[[object], None] | None
 
 try:
-    from ._untrack import track, track_container, untrack, untrack_container, untrack_items
+    from ._untrack import track, track_container, untrack, untrack_container
 except ImportError:
     from . import _timer
 
     if not _timer.__file__ or _timer.__file__.endswith(".py"):
-        untrack = track = untrack_container = track_container = untrack_items = None
+        untrack = track = untrack_container = track_container = None
     else:  # pragma: no cover - the compiled build always ships it
         raise ImportError(
             "purgatory_aio's compiled core is installed without its _untrack extension: "
@@ -74,5 +73,4 @@ __all__ = [
     "track_container",
     "untrack",
     "untrack_container",
-    "untrack_items",
 ]

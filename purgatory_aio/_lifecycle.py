@@ -51,7 +51,7 @@ from ._states import (
     transition,
 )
 from ._timer import Timer
-from ._watches import WatchStore
+from ._watches import IN_WALK, WatchStore
 from .events import EventSink, OperationEvent
 
 if TYPE_CHECKING:
@@ -253,7 +253,28 @@ class Lifecycle:
         if not _looked_up(store, key, True):
             return 0
         self._on_loop_thread("advance_key", "")
-        return store.advance(key, value, try_guarded)
+        reached = store.begin_walk(key, value)
+        if reached is None:
+            return 0
+        completed = 0
+        visited = 0
+        # The ones still watched after their try: usually none.
+        left: list[DelayedOperation[Any]] = []
+        try:
+            for op in reached:
+                if op._store == IN_WALK:  # not a stale entry, nor taken by cancel_for_key
+                    if try_guarded(op) and op._state & COMPLETED:
+                        completed += 1
+                    if op._state & ENDED:
+                        store.walked(op)
+                    else:
+                        left.append(op)
+                visited += 1
+        finally:
+            if visited < len(reached):  # interrupted: the rest were never tried
+                left.extend(reached[visited:])
+            store.end_walk(key, reached, left)
+        return completed
 
     def cancel_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """cancel_for_key: withdraw every pending operation watched under ``key``."""

@@ -90,30 +90,6 @@ track_container(PyObject *module, PyObject *obj)
     Py_RETURN_NONE;
 }
 
-/* untrack_items(entries, start): the items of a list from index start on, each out of
- * the collector. The compiled build stores a tuple it built as a fresh boxed copy, so
- * the object to untrack is the one the list holds, reached here. */
-static PyObject *
-untrack_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "untrack_items(list, start)");
-        return NULL;
-    }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    if (start == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *entries = args[0];
-    for (Py_ssize_t i = start < 0 ? 0 : start; i < PyList_GET_SIZE(entries); i++) {
-        PyObject *item = PyList_GET_ITEM(entries, i);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) {
-            PyObject_GC_UnTrack(item);
-        }
-    }
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
     {"untrack", untrack, METH_O,
      "untrack(op) -> bool: take op and its instance dict out of the cyclic GC, unless op's "
@@ -121,9 +97,6 @@ static PyMethodDef methods[] = {
     {"track", track, METH_O, "track(op): put op and its instance dict back into the cyclic GC."},
     {"untrack_container", untrack_container, METH_O,
      "untrack_container(obj): take one container of the library's out of the cyclic GC."},
-    {"untrack_items", (PyCFunction)(void (*)(void))untrack_items, METH_FASTCALL,
-     "untrack_items(entries, start): the items of a list from index start on, out of the "
-     "cyclic GC."},
     {"track_container", track_container, METH_O,
      "track_container(obj): put one container back into the cyclic GC."},
     {NULL, NULL, 0, NULL},

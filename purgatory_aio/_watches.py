@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _gc
 from ._logging import get_logger
-from ._states import COMPLETED, ENDED
+from ._states import ENDED
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -47,7 +47,7 @@ NOT_WATCHED: Final = 0
 IN_WATCH_LISTS: Final = 1
 IN_THRESHOLD_INDEX: Final = 2
 IN_WALK: Final = 3  # taken out of its index by advance_key, held by that walk
-TAKEN: Final = 4  # taken from a walk by cancel_for_key: its one entry is gone already
+TAKEN: Final = 4  # taken from a walk by cancel_for_key, or dropped by it: its entry is gone
 
 _order = itertools.count()
 
@@ -63,17 +63,12 @@ KeyListener = Callable[[Hashable, bool], object]
 # hold, tracked or not, a cache miss each. A dict tracks itself again whenever an
 # operation (a container) is put in it, so each insertion is followed by an untrack.
 _untrack_container: Final = _gc.untrack_container
-_untrack_items: Final = _gc.untrack_items
 
 
-#: An index entry: (threshold, arrival number, operation). The arrival number is
-#: unique, so entries compare without ever comparing operations, and equal
-#: thresholds stay first-in first-out.
+#: An entry of an index's fresh heap: (threshold, arrival number, operation). The
+#: arrival number is unique, so entries compare without ever comparing operations, and
+#: equal thresholds stay first-in first-out.
 Entry = tuple[float, int, "DelayedOperation[Any]"]
-
-#: What a consumed slot of a sorted run holds until the slots before ``start`` are
-#: dropped: no operation, so a taken operation is not kept alive by the index.
-_CONSUMED: Final[tuple[float, int, Any]] = (-math.inf, -1, None)
 
 #: The fresh heap is merged into the sorted run once it holds more than this many
 #: entries and more than an eighth of the run (amortized O(1) per push).
@@ -85,112 +80,170 @@ class ThresholdIndex:
 
     Two parts, both ordered by (threshold, arrival):
 
-    * ``run``, a sorted list read from ``start`` on. Reaching a value takes a
-      slice off its front: one bisection, then a sequential copy. Popping the
-      same entries off a heap of 100k sifts each through 17 levels of tuples
-      scattered in memory, a cache miss per level; in W2 at P=100k that was more
-      than half of ``advance_key`` (perf, cpu-clock), and this halves the cost
-      per completed operation there.
+    * the run, a sorted sequence read from ``start`` on, kept as two parallel
+      columns: ``thresholds`` (an ``array('d')``: plain doubles, no object per
+      entry) and ``ops``. Reaching a value takes a slice off the front of ``ops``:
+      one bisection of ``thresholds``, then a sequential copy of pointers.
+      Popping the same entries off a heap of 100k sifts each through 17 levels of
+      tuples scattered in memory, a cache miss per level; in W2 at P=100k that was
+      more than half of ``advance_key`` (perf, cpu-clock), and a run halved the
+      cost per completed operation there. The columns (rather than a list of
+      ``(threshold, arrival, operation)`` tuples) mean an advance touches no
+      tuple, float or int per operation: three objects allocated when it was
+      watched, scattered in memory by the time it is reached, one cache miss and
+      one deallocation each. W2 at P=100k, per reached operation (callgrind,
+      compiled, asyncio): 5.87k -> 5.2k instructions, and 15.3 -> 11 misses of a
+      1 MB cache.
     * ``fresh``, a heap of the entries pushed since the run was last rebuilt. An
       entry at or above the run's end joins the run directly (thresholds that
       rise with the key's value, the common case); others wait here and are
       merged into the run once the heap outgrows an eighth of the run.
 
-    Consumed slots before ``start`` are overwritten at once (they hold no
-    operation) and dropped once they make up half of the list.
+    Every entry of the run is older than every entry of the heap (an entry joins
+    the run directly only while the heap is empty), so ties between the two parts
+    go to the run. Consumed slots of ``ops`` before ``start`` are cleared at once
+    (they hold no operation) and dropped once they make up half of the run.
+
+    ``keys`` is the ``(key,)`` of the index's first operation, shared by later
+    operations watched under the very same key object as their ``keys``: a tuple
+    less to allocate per pending operation (48 bytes) and to free when it settles.
     """
 
-    __slots__ = ("fresh", "run", "stale", "start")
+    __slots__ = ("fresh", "keys", "ops", "stale", "start", "thresholds")
 
-    def __init__(self) -> None:
-        self.run: list[Entry] = _untracked([])
+    def __init__(self, keys: tuple[Hashable, ...]) -> None:
+        self.thresholds: array[float] = array("d")
+        self.ops: list[DelayedOperation[Any] | None] = _untracked([])
         self.start = 0
         self.fresh: list[Entry] = _untracked([])
         self.stale = 0  # settled operations still held
+        self.keys = keys
 
     def __len__(self) -> int:
-        return len(self.run) - self.start + len(self.fresh)
+        return len(self.ops) - self.start + len(self.fresh)
 
     def push(self, threshold: float, op: DelayedOperation[Any]) -> None:
-        entry: Entry = (threshold, next(_order), op)
-        run = self.run
         fresh = self.fresh
-        if not fresh and (self.start == len(run) or threshold >= run[-1][0]):
-            run.append(entry)  # still sorted: no live entry of the run is above it
-            if _untrack_items is not None:
-                # The entry exists for this operation alone: out of the cyclic GC with
-                # it (see _gc). Those waiting in the fresh heap are when it is merged.
-                _untrack_items(run, len(run) - 1)
-            return
+        if not fresh:
+            thresholds = self.thresholds
+            size = len(thresholds)
+            if self.start == size:
+                if size:  # every slot consumed: start the run afresh
+                    del thresholds[:]
+                    self.ops.clear()
+                    self.start = 0
+                thresholds.append(threshold)
+                self.ops.append(op)
+                return
+            if threshold >= thresholds[size - 1]:
+                thresholds.append(threshold)  # still sorted: no live entry is above it
+                self.ops.append(op)
+                return
+        entry: Any = (threshold, next(_order), op)
+        if _untrack_container is not None:
+            # The entry exists for this operation alone: out of the cyclic GC with it
+            # (see _gc). Boxed once, as ``Any``, so that it is the tuple the heap holds.
+            _untrack_container(entry)
         heapq.heappush(fresh, entry)
-        if len(fresh) > MERGE_MIN and len(fresh) > (len(run) - self.start) >> 3:
+        if len(fresh) > MERGE_MIN and len(fresh) > (len(self.ops) - self.start) >> 3:
             self._merge()
 
     def _merge(self) -> None:
         """Fold the fresh heap into the sorted run.
 
-        Only the part of the run above the smallest fresh entry is re-sorted with
+        Only the part of the run above the smallest fresh threshold is re-sorted with
         the heap's entries: with thresholds that mostly rise, that part is short,
         and a merge costs O(k log k) for k fresh entries rather than a pass over
-        the whole run (whose entries are scattered in memory).
+        the whole run (whose operations are scattered in memory).
         """
-        run = self.run
+        thresholds = self.thresholds
+        ops = self.ops
         if self.start:
-            del run[: self.start]
+            del thresholds[: self.start]
+            del ops[: self.start]
             self.start = 0
         fresh = self.fresh
         self.fresh = _untracked([])
         fresh.sort()
-        if run and fresh[0] < run[-1]:
-            cut = bisect_right(run, fresh[0])
-            tail = run[cut:]
-            del run[cut:]
-            tail.extend(fresh)
-            tail.sort()
-            run.extend(tail)
+        low = fresh[0][0]
+        if thresholds and low < thresholds[-1]:
+            cut = bisect_right(thresholds, low)
+            # The run's entries first: on equal thresholds they are the older ones, and
+            # the sort is stable (two sorted runs: one merge pass).
+            pairs = list(zip(thresholds[cut:], ops[cut:], strict=True))
+            del thresholds[cut:]
+            del ops[cut:]
+            pairs.extend([(entry[0], entry[2]) for entry in fresh])
+            pairs.sort(key=_first)
+            thresholds.extend([pair[0] for pair in pairs])
+            ops.extend([pair[1] for pair in pairs])
         else:
-            cut = len(run)
-            run.extend(fresh)
-        if _untrack_items is not None:
-            _untrack_items(run, cut)
+            thresholds.extend([entry[0] for entry in fresh])
+            ops.extend([entry[2] for entry in fresh])
 
-    def _live_run(self) -> list[Entry]:
-        return self.run[self.start :]
+    def _live_run(self) -> list[tuple[float, DelayedOperation[Any] | None]]:
+        start = self.start
+        return list(zip(self.thresholds[start:], self.ops[start:], strict=True))
 
     def pop_reached(self, value: float) -> list[DelayedOperation[Any]]:
         """Remove and return every entry whose threshold is <= value, lowest first."""
-        taken: list[Entry] = []
-        run = self.run
+        taken: list[DelayedOperation[Any] | None] = []
+        thresholds = self.thresholds
         start = self.start
-        size = len(run)
-        if start < size and run[start][0] <= value:
-            end = bisect_right(run, value, start, size, key=_threshold)
-            taken = run[start:end]
+        size = len(thresholds)
+        fresh = self.fresh
+        from_heap = bool(fresh) and fresh[0][0] <= value
+        reached_run: list[float] | None = None
+        if start < size and thresholds[start] <= value:
+            end = bisect_right(thresholds, value, start, size)
+            ops = self.ops
+            taken = ops[start:end]
+            if from_heap:
+                reached_run = thresholds[start:end].tolist()
             if end == size:
-                run.clear()
+                del thresholds[:]
+                ops.clear()
                 end = 0
             elif end > size >> 1:
-                del run[:end]
+                del thresholds[:end]
+                del ops[:end]
                 end = 0
             else:
-                run[start:end] = [_CONSUMED] * (end - start)
+                ops[start:end] = [None] * (end - start)
             self.start = end
-        fresh = self.fresh
-        if fresh and fresh[0][0] <= value:
-            from_heap = []
+        if from_heap:
+            entries: list[Entry] = []
             while fresh and fresh[0][0] <= value:
-                from_heap.append(heapq.heappop(fresh))
-            if taken:
-                taken.extend(from_heap)
-                taken.sort()  # both parts are sorted: one merge pass
+                entries.append(heapq.heappop(fresh))
+            if reached_run is None:
+                taken = [entry[2] for entry in entries]
             else:
-                taken = from_heap
-        return [entry[2] for entry in taken]
+                # Both parts are sorted: one merge pass, the run's entries first on equal
+                # thresholds (they are the older).
+                merged: list[DelayedOperation[Any] | None] = []
+                i = 0
+                count = len(taken)
+                for entry in entries:
+                    threshold = entry[0]
+                    while i < count and reached_run[i] <= threshold:
+                        merged.append(taken[i])
+                        i += 1
+                    merged.append(entry[2])
+                merged.extend(taken[i:])
+                taken = merged
+        return taken  # type: ignore[return-value]  # slots from ``start`` on hold operations
 
     def compact(self) -> int:
         """Drop settled operations; return how many entries were removed."""
         before = len(self)
-        self.run = _untracked([e for e in self._live_run() if not e[2]._state & ENDED])
+        thresholds: array[float] = array("d")
+        ops: list[DelayedOperation[Any] | None] = _untracked([])
+        for threshold, op in self._live_run():
+            if op is not None and not op._state & ENDED:
+                thresholds.append(threshold)
+                ops.append(op)
+        self.thresholds = thresholds
+        self.ops = ops
         self.start = 0
         self.fresh = _untracked([entry for entry in self.fresh if not entry[2]._state & ENDED])
         heapq.heapify(self.fresh)
@@ -198,23 +251,25 @@ class ThresholdIndex:
         return before - len(self)
 
     def clear(self) -> None:
-        self.run = _untracked([])
+        self.thresholds = array("d")
+        self.ops = _untracked([])
         self.start = 0
         self.fresh = _untracked([])
 
     def operations(self) -> list[DelayedOperation[Any]]:
-        """Every operation in the index, lowest threshold first."""
-        entries = self._live_run()
-        entries.extend(self.fresh)
-        entries.sort()
-        return [entry[2] for entry in entries]
+        """Every operation in the index, lowest threshold first (ties: oldest first)."""
+        pairs = self._live_run()
+        fresh = sorted(self.fresh)
+        pairs.extend([(entry[0], entry[2]) for entry in fresh])
+        pairs.sort(key=_first)  # stable: the run's entries are the older ones
+        return [pair[1] for pair in pairs if pair[1] is not None]
 
 
-def _threshold(entry: Entry) -> float:
-    return entry[0]
+def _first(pair: tuple[float, DelayedOperation[Any] | None]) -> float:
+    return pair[0]
 
 
-def _untracked(entries: list[Entry]) -> list[Entry]:
+def _untracked(entries: list[Any]) -> list[Any]:
     """``entries``, a list an index holds its entries in, out of the cyclic GC. A list
     stays untracked whatever is appended (it never tracks itself again)."""
     if _untrack_container is not None:
@@ -411,10 +466,15 @@ class WatchStore:
                 continue
 
     def watch_threshold(self, op: DelayedOperation[Any], key: Hashable, threshold: float) -> None:
+        """Put ``op``, whose ``_keys`` is ``(key,)``, in ``key``'s threshold index."""
         index = self.indexes.get(key)
         gained = index is None
         if index is None:
-            index = self.indexes[key] = ThresholdIndex()
+            index = self.indexes[key] = ThresholdIndex(op._keys)
+        else:
+            keys = index.keys
+            if keys[0] is key:
+                op._keys = keys  # the same one key: one tuple for all (see ThresholdIndex)
         index.push(threshold, op)
         op._store = IN_THRESHOLD_INDEX
         self.watched += 1
@@ -479,19 +539,21 @@ class WatchStore:
                         completed += 1
         return completed
 
-    def advance(self, key: Hashable, value: float, attempt: Any) -> int:
-        """``key``'s value reached ``value``: try the operations whose threshold it meets.
+    def begin_walk(self, key: Hashable, value: float) -> list[DelayedOperation[Any]] | None:
+        """``key``'s value reached ``value``: take the operations whose threshold it
+        meets out of the index, for the caller to try (lowest threshold first), or
+        None if there are none.
 
         They leave the index for a walk registered under the key *before* any is
         tried, so whatever the callbacks do meanwhile finds every one of them
         (``cancel_for_key(key)`` takes them, ``check_and_complete(key)`` tries
-        them). One that declines, or is left untried because the walk was
-        interrupted, ends in the key's plain watch list.
+        them). The caller reports each one it finds ended after its try
+        (:meth:`walked`) and ends the walk with those left (:meth:`end_walk`).
 
         A walk rather than a move into the plain watch list before the tries: a
         completed operation then costs no dict insert, lookup and delete, and no
-        visit by the purge (its entry is dropped here). In W2 at P = 100k that is
-        1.3k of the 7.5k instructions per completed operation (callgrind).
+        visit by the purge (its entry is dropped by the walk). In W2 at P = 100k
+        that is 1.3k of the 7.5k instructions per completed operation (callgrind).
         """
         values = self.values
         known = values.get(key)
@@ -499,15 +561,17 @@ class WatchStore:
             values[key] = value
         index = self.indexes.get(key)
         if index is None:
-            return 0
+            return None
         reached = index.pop_reached(value)
         if not reached:
             if not len(index) and self.indexes.get(key) is index:
                 del self.indexes[key]
                 self._release(key)
-            return 0
+            return None
         if not len(index) and self.indexes.get(key) is index:
             del self.indexes[key]  # the walk registered below holds the key meanwhile
+        # This pass also brings every operation into the cache before the first try:
+        # the misses overlap here instead of each stalling a try.
         for op in reached:
             if op._state & ENDED:
                 self.watched -= 1  # a stale index entry, dropped
@@ -517,19 +581,26 @@ class WatchStore:
         if walks is None:
             walks = self.walks[key] = []
         walks.append(reached)
-        completed = 0
-        try:
-            for op in reached:
-                if op._store != IN_WALK or op._state & ENDED or op._busy:
-                    continue
-                if attempt(op) and op._state & COMPLETED:
-                    completed += 1
-        finally:
-            self._end_walk(key, reached)
-        return completed
+        return reached
 
-    def _end_walk(self, key: Hashable, reached: list[DelayedOperation[Any]]) -> None:
-        """Drop the walk's entries of settled operations; the others become plain watchers."""
+    def walked(self, op: DelayedOperation[Any]) -> None:
+        """``op``, still in a walk, was found ended after its try: its entry is dropped
+        (its retirement, now or at the hand-over of a transition won on another thread,
+        counts it out of ``live``). Dropped as it is tried rather than in a pass of
+        its own at the end: that pass met every operation again, a cache miss each
+        (W2 at P = 100k: 2.6 misses of the L1 per completed operation, callgrind)."""
+        op._store = TAKEN
+        self.watched -= 1
+
+    def end_walk(
+        self,
+        key: Hashable,
+        reached: list[DelayedOperation[Any]],
+        left: list[DelayedOperation[Any]],
+    ) -> None:
+        """End the walk of ``reached``: of the operations ``left`` in it (declined, or
+        never tried because the walk was interrupted), drop those settled meanwhile;
+        the others become plain watchers of ``key``."""
         walks = self.walks.get(key)
         if walks is not None:
             for i in range(len(walks) - 1, -1, -1):
@@ -540,13 +611,11 @@ class WatchStore:
                 del self.walks[key]
         lists = self.lists
         placed = False
-        for op in reached:
+        for op in left:
             if op._store != IN_WALK:
-                continue  # a stale entry (dropped above) or taken by cancel_for_key
+                continue  # a stale entry (dropped already) or taken by cancel_for_key
             if op._state & ENDED:
-                # Dropped here; its retirement (now or, for a transition won on another
-                # thread, when it is handed over) counts it out of ``live``.
-                self.watched -= 1
+                self.walked(op)
                 continue
             # walk entry -> list entry: counts unchanged
             ident = op._ident = self._next_ident()
@@ -655,8 +724,7 @@ class WatchStore:
         held: list[object] = [self.lists]
         held.extend(entry for entry in self.lists.values() if type(entry) is dict)
         for index in self.indexes.values():
-            held += (index.run, index.fresh)
-            held.extend(index.run[index.start :])
+            held += (index.ops, index.fresh)
             held.extend(index.fresh)
         return held
 

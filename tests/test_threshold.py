@@ -396,3 +396,81 @@ async def test_operations_cancel_for_key_takes_from_a_walk_are_purged_cleanly() 
         assert set(taken) == {*rest, plain}
         assert all(op.cancelled for op in (*rest, plain))
         assert (p.watched, p.num_delayed) == (0, 0)
+
+
+async def test_declined_and_untried_operations_are_plain_watchers_after_an_interruption() -> None:
+    """A walk interrupted after some operations declined: the declined ones and the
+    untried ones alike stay watched under the key, each counted once."""
+    counter = Counter()
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    async with Purgatory("walk", clock=ManualClock()) as p:
+        declining = [WaitFor(counter, t) for t in (1, 2)]
+        counter.extra_ok = False
+        for op in declining:
+            await p.watch_threshold(op, "k", op.target)
+        breaker = Scripted(counter, 3, interrupt)
+        untried = [Scripted(counter, t) for t in (4, 5)]
+        for op in (breaker, *untried):
+            await p.watch_threshold(op, "k", op.target)
+        counter.value = 5
+        with pytest.raises(KeyboardInterrupt):
+            p.advance_key("k", 5)
+        assert breaker.done() and not any(op.done() for op in (*declining, *untried))
+        assert p.watched == 4 and p.num_delayed == 4
+        counter.extra_ok = True
+        assert p.check_and_complete("k") == 4
+        assert p.watched == 0 and p.num_delayed == 0
+
+
+async def test_an_operation_declined_earlier_in_a_walk_completes_in_a_nested_check() -> None:
+    counter = Counter()
+    counter.extra_ok = False
+    nested: list[int] = []
+
+    def allow_and_check() -> None:
+        counter.extra_ok = True
+        nested.append(p.check_and_complete("k"))
+
+    async with Purgatory("walk", clock=ManualClock(), purge_interval=1) as p:
+        declined = WaitFor(counter, 1)
+        await p.watch_threshold(declined, "k", 1)
+        opener = Scripted(counter, 2, allow_and_check)
+        await p.watch_threshold(opener, "k", 2)
+        counter.value = 2
+        # The first declines; the second's callback lets it complete in a nested walk,
+        # which finds it still held by the outer one.
+        assert p.advance_key("k", 2) == 1
+        assert nested == [1] and await declined == 2 and opener.completions == 1
+        assert p.watched == 0 and p.num_delayed == 0
+        assert p.check_and_complete("k") == 0
+
+
+@pytest.mark.parametrize("other", [1.0, True, 1])
+async def test_an_operation_keeps_the_key_object_it_was_watched_under(other: object) -> None:
+    """Operations under one key share one keys tuple, but only for the very same key
+    object: one watched under an equal key of another type keeps its own."""
+    async with Purgatory("keys", clock=ManualClock()) as p:
+        first, second = WaitFor(Counter(), 5), WaitFor(Counter(), 6)
+        await p.watch_threshold(first, 1, 5)
+        await p.watch_threshold(second, other, 6)
+        assert first.keys == (1,) and type(first.keys[0]) is int
+        assert second.keys == (other,) and type(second.keys[0]) is type(other)
+        assert p.advance_key(1, 10) == 0  # their conditions are on their own counters
+        assert p.watched == 2
+
+
+async def test_ties_between_the_run_and_the_heap_go_oldest_first() -> None:
+    """Equal thresholds pushed before and after a lower one (which sends later pushes
+    to the index's heap) complete in arrival order, merged or not."""
+    counter = Counter()
+    log: list[int] = []
+    async with Purgatory("ties", clock=ManualClock()) as p:
+        targets = [5, 5, 3, 5, 4, 5, 3]
+        for ident, target in enumerate(targets):
+            await p.watch_threshold(Recorded(counter, target, log, ident), "k", target)
+        counter.value = 5
+        assert p.advance_key("k", 5) == len(targets)
+        assert log == [2, 6, 4, 0, 1, 3, 5]
