@@ -92,6 +92,23 @@ def test_messages_round_trip_keys_with_separators() -> None:
     assert decode(encode("c", "k", 0, "o")) == ("c", "o", 0.0, "k")
 
 
+async def test_a_subclass_that_overrides_deliver_receives_every_message() -> None:
+    seen: list[str | bytes] = []
+
+    class Spying(MemoryFanout):
+        def deliver(self, message: str | bytes) -> None:
+            seen.append(message)
+            super().deliver(message)
+
+    hub = MemoryHub()
+    async with Purgatory("a") as a, Spying(hub, a) as fa, MemoryFanout(hub) as fb:
+        waiting = asyncio.create_task(fa.wait_for_value(a, "k", 1, 5))
+        await settle()
+        fb.advance("k", 1)
+        assert await waiting == 1.0
+    assert seen == [encode("a", "k", 1.0, fb.origin)]
+
+
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_the_digit_loop_reads_every_value_encode_writes_as_float_does(value: float) -> None:
     text = repr(value)
