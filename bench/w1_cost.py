@@ -182,8 +182,14 @@ def _functions(out: Path) -> dict[str, int]:
         text=True,
         check=True,
     ).stdout
+    return parse_functions(text)
+
+
+def parse_functions(text: str) -> dict[str, int]:
+    """The compiled functions' inclusive counts in ``callgrind_annotate`` output, by
+    their mypyc name less ``CPyDef_`` (the first line of each: recursion adds more)."""
     found: dict[str, int] = {}
-    for match in re.finditer(r"^\s*([\d,]+) \(.*?\)\s+\?\?\?:CPyDef_(\w+?) ", text, re.M):
+    for match in re.finditer(r"^\s*([\d,]+) \(.*?\)\s+\?\?\?:CPyDef_(\w+)(?=\s|$)", text, re.M):
         found.setdefault(match.group(2), int(match.group(1).replace(",", "")))
     return found
 

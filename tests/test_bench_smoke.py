@@ -285,3 +285,20 @@ def test_w1_cost_says_what_it_needs_without_valgrind(
     monkeypatch.setattr(w1_cost.shutil, "which", lambda name: None)
     assert cli.main(["w1-cost"]) == 2
     assert "needs valgrind" in capsys.readouterr().err
+
+
+def test_w1_cost_reads_the_compiled_functions_off_callgrind_annotate() -> None:
+    from bench import w1_cost
+
+    text = """\
+5,903,233 (12.01%)  ???:CPyPy__purgatory___Purgatory___try_complete_else_watch [/x/a.so]
+5,796,200 (11.80%)  ???:CPyDef__purgatory___Purgatory___try_complete_else_watch [/x/a.so]
+  345,942 (11.72%)  ???:CPyDef__lifecycle___Lifecycle___watch
+   12,000 ( 0.01%)  ???:CPyDef__lifecycle___Lifecycle___watch'2 [/x/a.so]
+      100 ( 0.00%)  ???:CPyDef__lifecycle___Lifecycle___watch [/x/a.so]
+    9,999 ( 0.30%)  /tmp/Python-3.11.7/Objects/dictobject.c:insertdict [/x/libpython.so]
+"""
+    assert w1_cost.parse_functions(text) == {
+        "_purgatory___Purgatory___try_complete_else_watch": 5_796_200,
+        "_lifecycle___Lifecycle___watch": 345_942,
+    }
