@@ -19,6 +19,7 @@ from purgatory_aio.analytics import charts, metrics
 from purgatory_aio.analytics.anomalies import find_windows
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
 from purgatory_aio.analytics.inputs import (
+    CHECK_PREFIX,
     COPIES,
     CORRUPT,
     TimeRange,
@@ -201,14 +202,48 @@ def _run_on(
     quality: Quality,
 ) -> Report:
     valid = F.col(REASON).isNull()
-    # Plain counts, sums, minima and maxima only: Spark's compiled hash aggregation.
-    grouped = unique.groupBy(*GROUP).agg(
-        *metrics.group_aggregates(valid),
-        *check_aggregates(F.col(COPIES)),
-        F.sum(F.col(COPIES) - 1).alias("_duplicates"),
-        *(F.count(F.when(F.col(REASON) == name, 1)).alias(f"_x_{name}") for name in REASONS),
+    # Plain counts, sums, minima and maxima only: Spark's compiled hash aggregation,
+    # per second, so that the throughput table and the timeline come from this pass
+    # too (10M events, local[2]: 9.5 s of CPU against 13.5 + 4.0 for the figures and
+    # the per-second counts in passes of their own). A few rows per second: cached.
+    partials = (
+        unique.groupBy(*GROUP, metrics.second_of(valid))
+        .agg(
+            *metrics.partial_aggregates(valid),
+            *check_aggregates(F.col(COPIES)),
+            F.sum(F.col(COPIES) - 1).alias("_duplicates"),
+            *(F.count(F.when(F.col(REASON) == name, 1)).alias(f"_x_{name}") for name in REASONS),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    rows = [row.asDict() for row in grouped.collect()]
+    try:
+        return _report_from(
+            spark, unique, partials, raw, events_dir, location, top_keys, window, strict, quality
+        )
+    finally:
+        partials.unpersist()
+
+
+def _report_from(
+    spark: SparkSession,
+    unique: DataFrame,
+    partials: DataFrame,
+    raw: DataFrame,
+    events_dir: str,
+    location: str,
+    top_keys: int,
+    window: TimeRange,
+    strict: bool,
+    quality: Quality,
+) -> Report:
+    checks = [column for column in partials.columns if column.startswith(CHECK_PREFIX)]
+    counted = ["_duplicates", *(f"_x_{name}" for name in REASONS)]
+    rows = [
+        row.asDict()
+        for row in partials.groupBy(*GROUP)
+        .agg(*metrics.group_figures(), *(F.sum(name).alias(name) for name in checks + counted))
+        .collect()
+    ]
     check_results(raw, rows, events_dir)
     for name in REASONS:
         quality.excluded[name] = sum(int(row[f"_x_{name}"]) for row in rows)
@@ -223,7 +258,7 @@ def _run_on(
             + (f" {window.describe()}" if window.bounded else "")
             + (f": {'; '.join(quality.problems())}" if quality.problems() else "")
         )
-    events = unique.where(valid).select(*COLUMNS)
+    events = unique.where(F.col(REASON).isNull()).select(*COLUMNS)
     # The percentiles in an aggregation of their own, over the rows they describe:
     # percentile_approx's buffers would take every other figure off the hash path.
     tails = {
@@ -241,7 +276,7 @@ def _run_on(
     output = ReportOutput(location, spark)
     try:
         report = _write_report(
-            spark, output, events, stats, rows, events_dir, top_keys, window, quality
+            spark, output, events, partials, stats, events_dir, top_keys, window, quality
         )
         output.commit()
     except BaseException:
@@ -254,20 +289,22 @@ def _write_report(
     spark: SparkSession,
     output: ReportOutput,
     events: DataFrame,
+    partials: DataFrame,
     stats: list[Row],
-    rows: list[Row],
     events_dir: str,
     top_keys: int,
     window: TimeRange,
     quality: Quality,
 ) -> Report:
-    # The two large tables are written by Spark, then read back (small, aggregated
-    # Parquet) for what the report shows of them: no cache holds them meanwhile.
-    _write(metrics.per_second(events), output, "throughput")
+    # The two large tables are written by Spark. The per-second counts come from the
+    # cached partials; the hot keys are read back (small, aggregated Parquet) for the
+    # top keys, so no cache holds them meanwhile.
+    throughput = metrics.per_second(partials)
+    _write(throughput, output, "throughput")
     start = math.floor(min(row["first_settled_at"] for row in stats))
     span = math.floor(max(row["last_settled_at"] for row in stats)) - start + 1
     bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
-    bins = metrics.timeline(_read(spark, output, "throughput"), start, bin_seconds).collect()
+    bins = metrics.timeline(throughput, start, bin_seconds).collect()
     peaks: dict[tuple[str, str], int] = {}
     for bin_row in bins:
         where = (bin_row["purgatory"], bin_row["op_type"])
