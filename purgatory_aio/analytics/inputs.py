@@ -396,32 +396,17 @@ def list_event_files(
     return files if files is not None else list_remote(spark, events_dir, window)
 
 
-def read_events(spark: SparkSession, files: EventFiles, staging: str | None = None) -> DataFrame:
+def read_events(spark: SparkSession, files: EventFiles) -> DataFrame:
     """All events of ``files`` with two extra columns for checking.
 
     The extra columns are ``_file`` (source file) and ``_corrupt_record`` (the
     raw text of a JSON line that did not parse, else null).
-
-    Args:
-        spark: The session.
-        files: What to read.
-        staging: A new directory (a path every executor reaches) into which the
-            JSON Lines files are parsed once, as Parquet, and read from there; the
-            caller deletes it. ``None`` reads them where they are, on every query.
     """
     frames: list[DataFrame] = []
     if files.parquet:
         frames.append(_parquet(spark, files.parquet))
     if files.json:
-        frame = _json(spark, files.json)
-        if staging is not None:
-            # Parsed once, then each query reads only the columns it needs (10M events,
-            # local[2]: 47 s of CPU to parse and write, against 53 to build Spark's
-            # in-memory cache, whose later scans also cost twice Parquet's). LZ4: the
-            # cheapest of Parquet's codecs to write.
-            frame.write.option("compression", "lz4").parquet(staging)
-            frame = spark.read.parquet(staging)
-        frames.append(frame)
+        frames.append(_json(spark, files.json))
     events = frames[0]
     for frame in frames[1:]:
         events = events.unionByName(frame)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,74 +97,41 @@ def run(
     check_local_target(location)
     files = list_event_files(spark, events_dir, window)
     quality = Quality(writer_drops=read_drop_markers(spark, files))
-    # Local runs parse JSON Lines once into Parquet beside Spark's own scratch files;
-    # elsewhere no path is known to reach every executor, so the parsed rows are cached.
-    staging = _staging_directory(spark) if files.json else None
+    raw = read_events(spark, files)
+    if window.bounded:
+        settled = F.col("settled_at")
+        inside = F.lit(True)
+        if window.since is not None:
+            inside = inside & (settled >= window.since)
+        if window.until is not None:
+            inside = inside & (settled < window.until)
+        raw = raw.where(F.col(CORRUPT).isNotNull() | settled.isNull() | inside)
+    records = raw.select(*COLUMNS, CORRUPT)
     cached: list[DataFrame] = []
+    if files.json:
+        # Parsing JSON is most of a scan's cost and the figures take four scans: parse
+        # once (10M events, local[2]: 144 s against 244 s parsing each time). Spilled
+        # to disk when it does not fit. Parquet is never cached: each query reads only
+        # the columns it needs.
+        records = records.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(records)
     try:
-        raw = read_events(spark, files, None if staging is None else f"{staging}/events")
-        if window.bounded:
-            settled = F.col("settled_at")
-            inside = F.lit(True)
-            if window.since is not None:
-                inside = inside & (settled >= window.since)
-            if window.until is not None:
-                inside = inside & (settled < window.until)
-            raw = raw.where(F.col(CORRUPT).isNotNull() | settled.isNull() | inside)
-        records = raw.select(*COLUMNS, CORRUPT)
-        if files.json and staging is None:
-            # Parsing JSON is most of a scan's cost and the figures take four scans:
-            # parse once (10M events, local[2]: 144 s against 244 s parsing each time).
-            # Spilled to disk when it does not fit. Parquet is never cached: each query
-            # reads only the columns it needs.
-            records = records.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(records)
-        return _report_on(
-            spark, records, raw, cached, events_dir, location, top_keys, window, strict, quality
-        )
+        check_identities(records, quality)
+        if quality.duplicates:
+            # Rare: collapse exact copies (a full shuffle of every column), once.
+            unique = (
+                records.groupBy(*COLUMNS, CORRUPT)
+                .agg(F.count(F.lit(1)).alias(COPIES))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            cached.append(unique)
+        else:
+            unique = records.withColumn(COPIES, F.lit(1))
+        unique = unique.withColumn(REASON, quality_reason())
+        return _run_on(spark, unique, raw, events_dir, location, top_keys, window, strict, quality)
     finally:
         for frame in cached:
             frame.unpersist()
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def _staging_directory(spark: SparkSession) -> str | None:
-    """A new directory for the parsed JSON Lines of a local run, or ``None`` on a cluster."""
-    context = spark.sparkContext
-    if not str(context.master).startswith("local"):
-        return None
-    scratch = context.getConf().get("spark.local.dir") or None
-    return tempfile.mkdtemp(
-        prefix="purgatory-report-", dir=scratch.split(",")[0] if scratch else None
-    )
-
-
-def _report_on(
-    spark: SparkSession,
-    records: DataFrame,
-    raw: DataFrame,
-    cached: list[DataFrame],
-    events_dir: str,
-    location: str,
-    top_keys: int,
-    window: TimeRange,
-    strict: bool,
-    quality: Quality,
-) -> Report:
-    check_identities(records, quality)
-    if quality.duplicates:
-        # Rare: collapse exact copies (a full shuffle of every column), once.
-        unique = (
-            records.groupBy(*COLUMNS, CORRUPT)
-            .agg(F.count(F.lit(1)).alias(COPIES))
-            .persist(StorageLevel.MEMORY_AND_DISK)
-        )
-        cached.append(unique)
-    else:
-        unique = records.withColumn(COPIES, F.lit(1))
-    unique = unique.withColumn(REASON, quality_reason())
-    return _run_on(spark, unique, raw, events_dir, location, top_keys, window, strict, quality)
 
 
 #: The columns that identify one operation across processes, restarts and copies.

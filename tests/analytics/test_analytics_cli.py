@@ -140,37 +140,6 @@ def test_jsonl_line_with_a_wrong_type_names_file_line_and_field(
 
 
 @pytest.mark.spark
-def test_parsed_json_lines_are_deleted_after_a_run_and_after_a_failure(
-    capsys, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A local run parses JSON Lines once into a scratch directory, gone when it ends."""
-    import tempfile
-
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    staged: list[str] = []
-    make = tempfile.mkdtemp
-
-    def recorded(*args: Any, **kwargs: Any) -> str:
-        staged.append(make(*args, **kwargs))
-        return staged[-1]
-
-    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
-    good = json.dumps(EVENT.as_dict())
-    write_jsonl(tmp_path / "good" / "a.jsonl", [good, json.dumps({**EVENT.as_dict(), "op_id": 2})])
-    assert main([str(tmp_path / "good"), "--out", str(tmp_path / "out")], spark=spark) == 0
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert [row["count"] for row in summary] == [2]
-    assert len(staged) == 1 and Path(staged[0]).parent == scratch
-    assert list(scratch.iterdir()) == []
-    write_jsonl(tmp_path / "bad" / "a.jsonl", [good, '{"purgatory": "fetch", "op_ty'])
-    assert "not valid event records" in run_cli(capsys, spark, tmp_path / "bad", tmp_path / "o2")
-    assert len(staged) == 2
-    assert list(scratch.iterdir()) == []
-
-
-@pytest.mark.spark
 def test_unknown_outcome(capsys, spark: Any, tmp_path: Path) -> None:
     write_jsonl(
         tmp_path / "events" / "a.jsonl", [json.dumps({**EVENT.as_dict(), "outcome": "lost"})]
