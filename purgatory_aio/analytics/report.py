@@ -145,9 +145,9 @@ def check_identities(records: DataFrame, quality: Quality) -> None:
     all its columns, and only those two numbers travel, partitioned by the first. Per
     identity hash: the records, and the least and greatest row hash. Where these agree,
     every record of the identity is a copy of one record (all but one are duplicates);
-    where they differ, different records claim one id (or, once in about 2**64 / n**2
-    logs of n ids, two ids share a hash), and a second pass over the identities themselves
-    counts the distinct records exactly. Sets ``rows_read``, ``duplicates``,
+    where they differ, different records claim one id (or, with a chance of about
+    n**2 / 2**65 among n ids, two ids share a hash), and a second pass over the
+    identities themselves counts the distinct records exactly. Sets ``rows_read``, ``duplicates``,
     ``conflicting_ids`` and ``conflicting_rows``.
     """
     columns = [*COLUMNS, CORRUPT]
