@@ -40,7 +40,8 @@ from typing import Any
 from hatchling.builders.config import BuilderConfig
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-#: The modules compiled: everything on the watch, completion and expiry paths.
+#: The modules compiled: everything on the watch, completion and expiry paths, and the
+#: fan-out's receiving path.
 #: The one list to edit when a core module is added; a listed module that does
 #: not exist fails the build.
 COMPILED_MODULES = (
@@ -53,6 +54,7 @@ COMPILED_MODULES = (
     "_lifecycle",
     "_operation",
     "_purgatory",
+    "_relay",  # the fan-out's parse-and-apply of every message a subscriber receives
 )
 
 #: Hand-written C extensions built beside them, each from ``<name>.c`` in the package:

@@ -41,6 +41,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import ENV_FANOUT_URL, Fanout, FanoutUnavailable, fanout_from_url
 from purgatory_aio.integrations.fastapi import (
+    OneLineStartupErrors,
     PurgatoryLifespan,
     purgatory_dependency,
     wait_for_value,
@@ -75,6 +76,8 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
         title="webhook acknowledgements",
         lifespan=PurgatoryLifespan(purgatory, fanout=fan),
     )
+    # An engine that cannot be reached at start-up: one line per worker, not a traceback.
+    app.add_middleware(OneLineStartupErrors)
     pid = os.getpid()
 
     async def wait(request: Request, p: Purgatory, key: str, mark: float, ms: int) -> float | None:

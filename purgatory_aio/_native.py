@@ -24,8 +24,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 try:
+    from mypy_extensions import i64 as i64
     from mypy_extensions import mypyc_attr
 except ImportError:  # pragma: no cover - mypy_extensions comes with the dev install
+    # A machine int where compiled (no overflow checks), a plain int where not.
+    i64 = int  # type: ignore[misc]
 
     def mypyc_attr(*_args: object, **_attrs: object) -> Callable[[T], T]:  # type: ignore[misc]
         def keep(cls: T) -> T:

@@ -264,3 +264,41 @@ def test_opshape_settles_every_operation_of_each_shape(tmp_path: Path) -> None:
             "user+slots",
             "user, no __init__",
         }
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_w1_cost_scenarios_settle_every_operation(loop_name: str) -> None:
+    # The callgrind runs themselves take minutes; what they run is checked here: every
+    # scenario finishes, and the purgatory's completes each operation, none expiring.
+    from bench import w1_cost
+    from bench._common import run_on
+
+    for name in w1_cost.SCENARIOS:
+        run_on(loop_name, lambda name=name: w1_cost._scenario(name, 3 * w1_cost.WINDOW))  # type: ignore[misc]
+
+
+def test_w1_cost_says_what_it_needs_without_valgrind(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import w1_cost
+
+    monkeypatch.setattr(w1_cost.shutil, "which", lambda name: None)
+    assert cli.main(["w1-cost"]) == 2
+    assert "needs valgrind" in capsys.readouterr().err
+
+
+def test_w1_cost_reads_the_compiled_functions_off_callgrind_annotate() -> None:
+    from bench import w1_cost
+
+    text = """\
+5,903,233 (12.01%)  ???:CPyPy__purgatory___Purgatory___try_complete_else_watch [/x/a.so]
+5,796,200 (11.80%)  ???:CPyDef__purgatory___Purgatory___try_complete_else_watch [/x/a.so]
+  345,942 (11.72%)  ???:CPyDef__lifecycle___Lifecycle___watch
+   12,000 ( 0.01%)  ???:CPyDef__lifecycle___Lifecycle___watch'2 [/x/a.so]
+      100 ( 0.00%)  ???:CPyDef__lifecycle___Lifecycle___watch [/x/a.so]
+    9,999 ( 0.30%)  /tmp/Python-3.11.7/Objects/dictobject.c:insertdict [/x/libpython.so]
+"""
+    assert w1_cost.parse_functions(text) == {
+        "_purgatory___Purgatory___try_complete_else_watch": 5_796_200,
+        "_lifecycle___Lifecycle___watch": 345_942,
+    }

@@ -25,10 +25,13 @@ if __name__ == "__main__" and not __package__:
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _here]
 
 import argparse
+import importlib
+import importlib.util
 import logging
 import os
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from purgatory_aio.analytics.errors import SPARK_MISSING, ReportError, describe_spark_error
@@ -118,10 +121,17 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     try:
         from pyspark.sql import SparkSession
 
-        from purgatory_aio.analytics import inputs, output, report, session
+        from purgatory_aio.analytics import inputs, output, session
+
+        if importlib.util.find_spec("matplotlib") is None:  # imported below, on a thread
+            raise ImportError("no module named 'matplotlib'", name="matplotlib")
     except ImportError as exc:
-        message = str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
-        return _fail(message)
+        return _fail(_missing(exc))
+    # The report's own modules (matplotlib above all: 1-2 s) load on a thread while the
+    # JVM starts, which mostly waits on its own process.
+    loading = ThreadPoolExecutor(1, thread_name_prefix="purgatory-report-import")
+    report_module = loading.submit(importlib.import_module, "purgatory_aio.analytics.report")
+    loading.shutdown(wait=False)
 
     # py4j logs a dying JVM's broken connection with a traceback (some of it through the
     # root logger); the one line below says what happened instead.
@@ -145,6 +155,10 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
             spark = session.create_session(args.master, conf)
         heap = session.driver_memory(spark)
         try:
+            try:
+                report = report_module.result()
+            except ImportError as exc:
+                raise ReportError(_missing(exc)) from None
             result = report.run(
                 args.events_dir,
                 args.out,
@@ -205,6 +219,10 @@ def _describe(exc: BaseException) -> str:
 def _is_spark_error(exc: BaseException) -> bool:
     module = type(exc).__module__ or ""
     return module.startswith(("pyspark", "py4j"))
+
+
+def _missing(exc: ImportError) -> str:
+    return str(exc) if SPARK_MISSING in str(exc) else f"{SPARK_MISSING} ({exc})"
 
 
 def _fail(message: str, *, status: int = 1) -> int:

@@ -34,6 +34,9 @@ LOG_LEVEL = "ERROR"
 #: log4j2 settings for a JVM this module starts (errors only, on stderr).
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
+#: Garbage collector of an embedded (``local``) run's JVM.
+LOCAL_GC = "-XX:+UseParallelGC"
+
 #: Address an embedded (``local``) Spark binds: nothing listens beyond this machine.
 LOOPBACK = "127.0.0.1"
 
@@ -216,7 +219,13 @@ def create_session(
         # The command prints its own one-line result; a progress bar would interleave.
         settings["spark.ui.showConsoleProgress"] = "false"
         # Read before any log line: setLogLevel below comes too late for start-up warnings.
-        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"
+        java_options = [f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
+        if effective is not None and _is_local(effective):
+            # The one JVM runs every task: the throughput collector suits a batch run
+            # (10M-event Parquet report, local[2]: 62.5 s of JVM CPU against 69.4 with
+            # the default G1).
+            java_options.append(LOCAL_GC)
+        settings["spark.driver.extraJavaOptions"] = " ".join(java_options)
         if effective is not None and _is_local(effective):
             # Spark picks its address before reading settings; this also silences
             # its "resolves to a loopback address" warning.

@@ -50,7 +50,7 @@ from .._errors import PurgatoryClosed
 from .._logging import get_logger
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
-from ..fanout import Fanout
+from ..fanout import Fanout, FanoutUnavailable
 from . import OnDisconnect, Purgatories, make_request_id
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ClientDisconnected",
+    "OneLineStartupErrors",
     "OperationCancelled",
     "PurgatoryLifespan",
     "PurgatoryUnavailable",
@@ -497,6 +498,51 @@ class RequestContextMiddleware:
             method=scope["method"], path=scope["path"], request_id=request_id
         ):
             await self.app(scope, receive, send_with_id)
+
+
+class OneLineStartupErrors:
+    """Reports a lifespan that cannot start because the fan-out's engine is unavailable in
+    one line, not a traceback.
+
+    Starlette answers a failed lifespan startup with the whole traceback, which
+    uvicorn prints for each worker. A :class:`~purgatory_aio.fanout.FanoutUnavailable`
+    already says all there is to say (the engine's address, password masked, and
+    the cause), so this middleware reports ``FanoutUnavailable: <message>`` instead;
+    uvicorn prints that line and "Application startup failed. Exiting." and ends
+    the worker as before. Any other startup failure keeps its traceback.
+
+    Usage: ``app.add_middleware(OneLineStartupErrors)``.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []  # the failure report, until we know what failed
+
+        async def hold_failure(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, receive, hold_failure)
+        except FanoutUnavailable as exc:
+            if held:  # reported; the server ends the worker, as for any failed startup
+                line = f"{type(exc).__name__}: {exc}"
+                await send({"type": "lifespan.startup.failed", "message": line})
+                return
+            raise
+        except BaseException:
+            for failure in held:
+                await send(failure)
+            raise
+        for failure in held:
+            await send(failure)
 
 
 def metrics_endpoint(

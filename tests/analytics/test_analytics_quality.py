@@ -161,6 +161,29 @@ def test_hot_key_top_n_equals_a_full_sort(spark: Any) -> None:
 
 
 @pytest.mark.spark
+def test_a_key_listed_twice_counts_once_in_short_and_long_lists(spark: Any) -> None:
+    """Repeated keys, null keys and lists longer than the in-place scan handles."""
+    from purgatory_aio.analytics import metrics
+
+    long_list = [f"k{n % 7}" for n in range(3 * metrics.SHORT_KEY_LIST)]
+    lists = [["a", "a", "b"], [None, "a", None], ["b", "a", "b", "a"], long_list, [], ["a"]]
+    outcomes = ["completed", "expired", "completed", "cancelled", "completed", "expired"]
+    frame = spark.createDataFrame(
+        [("p", "Op", keys, outcome) for keys, outcome in zip(lists, outcomes, strict=True)],
+        "purgatory string, op_type string, keys array<string>, outcome string",
+    )
+    found = {
+        row["key"]: (row["watched"], row["expired"]) for row in metrics.key_stats(frame).collect()
+    }
+    expected: dict[str | None, tuple[int, int]] = {}
+    for keys, outcome in zip(lists, outcomes, strict=True):
+        for key in dict.fromkeys(keys):
+            watched, expired = expected.get(key, (0, 0))
+            expected[key] = (watched + 1, expired + (outcome == "expired"))
+    assert found == expected
+
+
+@pytest.mark.spark
 def test_uris_go_through_hadoop_file_system(
     spark: Any,
     event_log: Path,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from aiohttp import web
@@ -11,10 +14,10 @@ from fastapi import FastAPI, Request
 from http_support import serve_aiohttp, serve_asgi
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import MemoryFanout, MemoryHub
+from purgatory_aio.fanout import FanoutUnavailable, MemoryFanout, MemoryHub
 from purgatory_aio.integrations.aiohttp import FANOUT, setup_purgatories
 from purgatory_aio.integrations.aiohttp import wait_for_value as aiohttp_wait_for_value
-from purgatory_aio.integrations.fastapi import PurgatoryLifespan
+from purgatory_aio.integrations.fastapi import OneLineStartupErrors, PurgatoryLifespan
 from purgatory_aio.integrations.fastapi import wait_for_value as fastapi_wait_for_value
 
 
@@ -96,3 +99,44 @@ async def test_a_fanout_wait_in_aiohttp_is_withdrawn_when_the_client_disconnects
     purgatory, fanout = Purgatory("acks"), MemoryFanout()
     async with serve_aiohttp(aiohttp_app(purgatory, fanout)) as served:
         await assert_withdrawn_then_answered(purgatory, fanout, served.url)
+
+
+async def startup_report(failure: BaseException | None) -> list[dict[str, Any]]:
+    """What a FastAPI app with OneLineStartupErrors sends the server at start-up, when its
+    lifespan raises ``failure`` (None: it starts)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if failure is not None:
+            raise failure
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+    app.add_middleware(OneLineStartupErrors)
+    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    with contextlib.suppress(Exception):
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+    return sent
+
+
+async def test_a_fanout_that_cannot_start_is_reported_to_the_server_in_one_line() -> None:
+    unavailable = FanoutUnavailable("Redis at redis://:***@127.0.0.1:1/0 refused the connection")
+    assert await startup_report(unavailable) == [
+        {"type": "lifespan.startup.failed", "message": f"FanoutUnavailable: {unavailable}"}
+    ]
+    # Anything else keeps its traceback; a start is untouched.
+    (other,) = await startup_report(RuntimeError("a bug"))
+    assert other["type"] == "lifespan.startup.failed"
+    assert "Traceback" in other["message"] and "RuntimeError: a bug" in other["message"]
+    assert [m["type"] for m in await startup_report(None)] == [
+        "lifespan.startup.complete",
+        "lifespan.shutdown.complete",
+    ]

@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 from fanout_support import Flag
+from hypothesis import given
+from hypothesis import strategies as st
 
 from purgatory_aio import Purgatory
+from purgatory_aio._relay import _plain_decimal
 from purgatory_aio.fanout import MemoryFanout, MemoryHub, ValueReached
 from purgatory_aio.fanout._base import decode, encode
 
@@ -87,6 +90,58 @@ async def test_malformed_message_is_counted_and_skipped() -> None:
 def test_messages_round_trip_keys_with_separators() -> None:
     assert decode(encode("a", "a|b|c", 2.5, "o")) == ("a", "o", 2.5, "a|b|c")
     assert decode(encode("c", "k", 0, "o")) == ("c", "o", 0.0, "k")
+
+
+async def test_a_subclass_that_overrides_deliver_receives_every_message() -> None:
+    seen: list[str | bytes] = []
+
+    class Spying(MemoryFanout):
+        def deliver(self, message: str | bytes) -> None:
+            seen.append(message)
+            super().deliver(message)
+
+    hub = MemoryHub()
+    async with Purgatory("a") as a, Spying(hub, a) as fa, MemoryFanout(hub) as fb:
+        waiting = asyncio.create_task(fa.wait_for_value(a, "k", 1, 5))
+        await settle()
+        fb.advance("k", 1)
+        assert await waiting == 1.0
+    assert seen == [encode("a", "k", 1.0, fb.origin)]
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_the_digit_loop_reads_every_value_encode_writes_as_float_does(value: float) -> None:
+    text = repr(value)
+    read = _plain_decimal(text, 0, len(text))
+    assert read != read or (read == float(text) and str(read) == text)  # NaN: float() reads it
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "-", ".", "1.2.3", "+1", " 1", "1_0", "1e5", "inf", "nan", "0x1", "1234567890123456"],
+)
+def test_the_digit_loop_leaves_anything_but_a_plain_decimal_to_float(text: str) -> None:
+    read = _plain_decimal(text, 0, len(text))
+    assert read != read
+
+
+async def test_advances_to_changing_keys_reach_each_key_once() -> None:
+    # The receiver reuses the previous message's key when the next one names the same:
+    # keys of one length, keys that end like another, keys with the separator.
+    keys = ["k1", "k2", "k1", "xk1", "1", "a|k1", "k1", "k"]
+    async with Purgatory("a") as a, MemoryFanout(None, a) as fa:
+        ops = {key: ValueReached(fa, key, 100, 5) for key in dict.fromkeys(keys)}
+        for key, op in ops.items():
+            await fa.watch_threshold(a, op, key, 100)
+        for value, key in enumerate(keys):
+            fa.deliver(encode("a", key, float(value), "elsewhere"))
+        expected = {"k1": 6.0, "k2": 1.0, "xk1": 3.0, "1": 4.0, "a|k1": 5.0, "k": 7.0}
+        assert {key: fa.value(key) for key in ops} == expected
+        fa.deliver(b"a|elsewhere|-0.5|xk1")
+        fa.deliver("a|elsewhere|100.25|xk1")
+        assert ops["xk1"].done() and ops["xk1"].result() == 100.25
+        assert not any(op.done() for key, op in ops.items() if key != "xk1")
+        assert fa.stats().applied_advances == len(keys) + 2 and fa.stats().malformed == 0
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ a crashed server, foreign rows and tables, wrong credentials and wrong services.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import uuid
@@ -436,3 +437,28 @@ async def test_values_not_raised_for_value_ttl_are_deleted_by_a_publisher(
         async with admin(postgres) as conn:
             keys = await conn.fetch(f"SELECT key FROM {fanout.table} ORDER BY key")
         assert [row["key"] for row in keys] == ["new"]
+
+
+@pytest.mark.one_loop  # 100k events through PostgreSQL: once is enough
+async def test_a_publish_only_member_keeps_nothing_per_key_over_100k_keys(
+    postgres: PostgresServer,
+) -> None:
+    n = 100_000
+    async with PostgresFanout(postgres.url, subscribe=False, prefix=fresh("publish_only")) as fb:
+        await fb.advance_confirmed("warm", 1)  # connections, statements and caches are made
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(n):
+            fb.advance(f"job:{i}", 1)
+            if i % 5000 == 4999:
+                await until(lambda: fb.stats().queued == 0)  # never more than the queue holds
+        await until(lambda: fb.stats().queued == 0)
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+        stats = fb.stats()
+        assert (stats.published, stats.publish_dropped, stats.watched_keys) == (n + 1, 0, 0)
+        assert fb.value("job:0") is None
+        # Each key kept would be an object or more: 100k keys would show as 100k objects.
+        assert grown < 5_000, f"{grown} more objects after publishing {n} keys"
+        async with admin(postgres) as conn:
+            assert await conn.fetchval(f"SELECT count(*) FROM {fb.table}") == n + 1
