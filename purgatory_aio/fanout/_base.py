@@ -34,7 +34,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Final, Self, SupportsFloat
 
@@ -677,11 +677,6 @@ class Fanout(BackendHost):
     def deliver(self, message: str | bytes) -> None:
         """Apply one channel message; a malformed one is logged, counted and skipped."""
         self._receiver.deliver(message)
-
-    @property
-    def _receive(self) -> Callable[[str | bytes], None]:
-        """Compatibility name of :meth:`deliver`."""
-        return self.deliver
 
     # -- the publisher ---------------------------------------------------------------------------
 

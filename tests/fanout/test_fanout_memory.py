@@ -79,11 +79,11 @@ async def test_malformed_message_is_counted_and_skipped() -> None:
     hub = MemoryHub()
     async with Purgatory("a") as a, MemoryFanout(hub, a) as fa:
         for junk in ("", "zz", "a|o|NaN|k", "a|o|abc|k", "c|o||", b"\xff\xfe"):
-            fa._receive(junk)
+            fa.deliver(junk)
         assert fa.stats().malformed == 6
         op = ValueReached(fa, "k", 1, 5)
         await fa.watch_threshold(a, op, "k", 1)
-        fa._receive(encode("a", "k", 1.0, "elsewhere"))
+        fa.deliver(encode("a", "k", 1.0, "elsewhere"))
         assert op.done()
 
 
