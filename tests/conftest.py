@@ -21,6 +21,9 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != CHECKOUT]
 sys.path.append(str(CHECKOUT))
 os.environ["PYTHONSAFEPATH"] = "1"
+# purgatory-report keeps a class archive of Spark's JVM under ~/.cache; the suite's many
+# short runs write none (one test covers the archive, in its own directory).
+os.environ.setdefault("PURGATORY_REPORT_CLASS_CACHE", "off")
 
 import purgatory_aio
 from purgatory_aio.testing import ManualClock

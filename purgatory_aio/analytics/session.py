@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -39,6 +40,14 @@ LOCAL_GC = "-XX:+UseParallelGC"
 
 #: Address an embedded (``local``) Spark binds: nothing listens beyond this machine.
 LOOPBACK = "127.0.0.1"
+
+
+#: Environment variable naming the directory of the class-data archive of a local run
+#: (:func:`class_archive_dir`); ``off`` writes and uses none.
+CLASS_CACHE_ENV = "PURGATORY_REPORT_CLASS_CACHE"
+
+#: An archive being written that is older than this (seconds) was left by a JVM that died.
+STALE_ARCHIVE_SECONDS = 3600.0
 
 
 def under_spark_submit() -> bool:
@@ -188,8 +197,114 @@ def describe_run(spark: SparkSession) -> dict[str, str]:
     return found
 
 
+def class_archive_dir() -> Path | None:
+    """Where a local run keeps the archive of the classes its JVM loads, or ``None`` (off).
+
+    ``$PURGATORY_REPORT_CLASS_CACHE`` when set (``off`` for none), else
+    ``$XDG_CACHE_HOME/purgatory-aio/spark-classes`` (``~/.cache/...``).
+    """
+    chosen = os.environ.get(CLASS_CACHE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off", "0", "no", "false") else Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "purgatory-aio" / "spark-classes"
+
+
+def class_archive_path(directory: Path) -> Path | None:
+    """The archive for this Java runtime and these Spark jars, or ``None`` without Java."""
+    java = find_java()
+    if java is None:
+        return None
+    import pyspark
+
+    identity = hashlib.sha256()
+    for path in (Path(java).resolve(), Path(pyspark.__file__).resolve().parent / "jars"):
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
+        identity.update(f"{path}\0{stat.st_mtime_ns}\0{stat.st_size}\0".encode())
+    version = re.sub(r"[^0-9A-Za-z.]", "_", str(pyspark.__version__))
+    return directory / f"spark-{version}-{identity.hexdigest()[:16]}.jsa"
+
+
+class _ClassArchive:
+    """The archive this process's JVM writes when it exits: (being written, final)."""
+
+    pending: tuple[Path, Path] | None = None
+
+
+def class_archive_options(directory: Path | None) -> list[str]:
+    """JVM options that start a local run from the archive of classes its JVM loaded
+    the last time, or have this run's JVM write it when it exits (then
+    :func:`save_class_archive` puts it in place).
+
+    Java's class-data sharing maps the classes from that archive instead of reading,
+    parsing and verifying them from Spark's jars again: at 10M events (Parquet,
+    local[2]) the JVM starts in 2.8 s instead of 4.6 and the run takes 26.6 s instead
+    of 29.2. A Java too old for dynamic archives (before 13) ignores the options; a
+    stale or foreign archive is refused by the JVM, which then loads classes as usual.
+    """
+    _ClassArchive.pending = None
+    if directory is None:
+        return []
+    archive = class_archive_path(directory)
+    if archive is None:
+        return []
+    quiet = ["-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+    if archive.is_file():
+        return [*quiet, f"-XX:SharedArchiveFile={archive}"]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        for left in directory.glob("*.jsa.*.tmp"):
+            if now - left.stat().st_mtime > STALE_ARCHIVE_SECONDS:
+                left.unlink(missing_ok=True)
+    except OSError:  # an unwritable cache directory: run without the archive
+        return []
+    writing = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+    _ClassArchive.pending = (writing, archive)
+    return [*quiet, f"-XX:ArchiveClassesAtExit={writing}"]
+
+
+def class_archive_pending() -> bool:
+    """Whether this process's JVM was asked to write a class archive when it exits."""
+    return _ClassArchive.pending is not None
+
+
+def save_class_archive(wait: float = 60.0) -> bool:
+    """After :meth:`SparkSession.stop`: let the JVM exit, writing the class archive
+    :func:`class_archive_options` asked for, and put it in place. True when saved.
+
+    Args:
+        wait: Seconds to give the JVM to write the archive and exit.
+    """
+    pending, _ClassArchive.pending = _ClassArchive.pending, None
+    process = _Jvm.process
+    if pending is None or process is None:
+        return False
+    writing, archive = pending
+    try:
+        if process.stdin is not None:
+            process.stdin.close()  # Spark's gateway exits at the end of its standard input
+        status = process.wait(wait)
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # still writing: a later run removes what is left
+    try:
+        if status == 0 and writing.is_file() and writing.stat().st_size > 0:
+            os.replace(writing, archive)
+            return True
+        writing.unlink(missing_ok=True)
+    except OSError:
+        pass
+    return False
+
+
 def create_session(
-    master: str | None = None, conf: Mapping[str, str] | None = None
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    *,
+    class_archive: Path | None = None,
 ) -> SparkSession:
     """Start (or join) the SparkSession for a report run.
 
@@ -201,6 +316,9 @@ def create_session(
         master: Spark master URL, or ``None`` for the default.
         conf: Extra Spark settings (``spark.driver.memory`` and the like work
             only when this call starts the JVM).
+        class_archive: Directory of the class-data archive a local JVM this call
+            starts reads, or writes when it exits (see :func:`class_archive_options`;
+            the caller then calls :func:`save_class_archive` after stopping the session).
 
     Raises:
         ReportError: No Java runtime, or the JVM failed to start.
@@ -225,12 +343,18 @@ def create_session(
             # (10M-event Parquet report, local[2]: 62.5 s of JVM CPU against 69.4 with
             # the default G1).
             java_options.append(LOCAL_GC)
+            if SparkContext._gateway is None:
+                java_options += class_archive_options(class_archive)
         settings["spark.driver.extraJavaOptions"] = " ".join(java_options)
         if effective is not None and _is_local(effective):
             # Spark picks its address before reading settings; this also silences
             # its "resolves to a loopback address" warning.
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     settings.update(conf or {})
+    if _ClassArchive.pending and str(_ClassArchive.pending[0]) not in settings.get(
+        "spark.driver.extraJavaOptions", ""
+    ):
+        _ClassArchive.pending = None  # --conf replaced the JVM's options
     if effective is not None and not under_spark_submit() and SparkContext._gateway is None:
         _launch_jvm(effective, settings)
     builder = SparkSession.builder.appName(APP_NAME)

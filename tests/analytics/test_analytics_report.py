@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -268,6 +269,55 @@ def test_a_standalone_cluster_gives_the_same_report(
 
     assert body(out) == body(out_dir)
     assert "| master | `spark://127.0.0.1:" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
+    event_log: Path, out_dir: Path, tmp_path: Path
+) -> None:
+    """The first run leaves one complete archive (nothing half-written); the next run
+    maps it, and gives the same report with nothing more on stderr."""
+    from purgatory_aio.analytics.session import CLASS_CACHE_ENV
+
+    cache = tmp_path / "classes"
+    env = {**os.environ, CLASS_CACHE_ENV: str(cache)}
+    outputs = []
+    for run in range(2):
+        out = tmp_path / f"report-{run}"
+        command = [
+            sys.executable, "-m", "purgatory_aio.analytics.cli", str(event_log),
+            "--out", str(out), "--top-keys", str(TOP_KEYS), "--master", "local[2]",
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=240, env=env, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == "", done.stderr
+        archives = sorted(path.name for path in cache.iterdir())
+        assert len(archives) == 1 and archives[0].endswith(".jsa"), archives
+        outputs.append(json.loads((out / "summary.json").read_text()))
+    assert outputs[0] == outputs[1] == json.loads((out_dir / "summary.json").read_text())
+
+
+def test_the_class_archive_is_off_or_where_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from purgatory_aio.analytics import session
+
+    monkeypatch.setenv(session.CLASS_CACHE_ENV, "off")
+    assert session.class_archive_dir() is None
+    assert session.class_archive_options(None) == []
+    assert not session.class_archive_pending()
+    monkeypatch.delenv(session.CLASS_CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert session.class_archive_dir() == tmp_path / "purgatory-aio" / "spark-classes"
+    monkeypatch.setenv(session.CLASS_CACHE_ENV, str(tmp_path / "mine"))
+    assert session.class_archive_dir() == tmp_path / "mine"
+    # A directory that cannot be created: the run goes on without an archive.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert session.class_archive_options(blocker / "classes") == []
+    assert not session.class_archive_pending()
 
 
 def test_report_opens_with_findings_and_states_its_run(out_dir: Path) -> None:
