@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from purgatory_aio.analytics.inputs import (
     TimeRange,
     check_aggregates,
     check_results,
+    is_local,
     list_event_files,
+    parquet_null_free,
     read_drop_markers,
     read_events,
 )
@@ -107,6 +110,8 @@ def run(
             inside = inside & (settled < window.until)
         raw = raw.where(F.col(CORRUPT).isNotNull() | settled.isNull() | inside)
     records = raw.select(*COLUMNS, CORRUPT)
+    local = not files.json and all(is_local(path) for path in files.parquet)
+    null_free = parquet_null_free(files.parquet) if local else frozenset()
     cached: list[DataFrame] = []
     if files.json:
         # Parsing JSON is most of a scan's cost and the figures take four scans: parse
@@ -128,7 +133,9 @@ def run(
         else:
             unique = records.withColumn(COPIES, F.lit(1))
         unique = unique.withColumn(REASON, quality_reason())
-        return _run_on(spark, unique, raw, events_dir, location, top_keys, window, strict, quality)
+        return _run_on(
+            spark, unique, raw, events_dir, location, top_keys, window, strict, quality, null_free
+        )
     finally:
         for frame in cached:
             frame.unpersist()
@@ -221,6 +228,7 @@ def _run_on(
     window: TimeRange,
     strict: bool,
     quality: Quality,
+    null_free: frozenset[str],
 ) -> Report:
     valid = F.col(REASON).isNull()
     # Plain counts, sums, minima and maxima only: Spark's compiled hash aggregation,
@@ -231,7 +239,7 @@ def _run_on(
         unique.groupBy(*GROUP, metrics.second_of(valid))
         .agg(
             *metrics.partial_aggregates(valid),
-            *check_aggregates(F.col(COPIES)),
+            *check_aggregates(F.col(COPIES), null_free),
             F.sum(F.col(COPIES) - 1).alias("_duplicates"),
             *(F.count(F.when(F.col(REASON) == name, 1)).alias(f"_x_{name}") for name in REASONS),
         )
@@ -285,17 +293,23 @@ def _report_from(
     events = usable.select(*COLUMNS)
     # The percentiles in an aggregation of their own, over the rows they describe:
     # percentile_approx's buffers would take every other figure off the hash path.
-    tails = {
-        (row["purgatory"], row["op_type"]): row
+    curves: dict[tuple[str, str, str], list[float]] = {
+        (row["purgatory"], row["op_type"], row["outcome"]): row["curve"]
         for row in events.where(F.col("outcome").isin("completed", "expired"))
-        .groupBy(*GROUP)
+        .select(*GROUP, "outcome", metrics.percentile_input())
+        .groupBy(*GROUP, "outcome")
         .agg(*metrics.percentile_aggregates())
         .collect()
     }
     for row in stats:
-        tail = tails.get((row["purgatory"], row["op_type"]))
-        row["latency_curve"] = None if tail is None else tail["latency_curve"]
-        row["lateness_q"] = None if tail is None else tail["lateness_q"]
+        latency = curves.get((row["purgatory"], row["op_type"], "completed"))
+        late = curves.get((row["purgatory"], row["op_type"], "expired"))
+        row["latency_curve"] = latency
+        row["lateness_q"] = (
+            None
+            if late is None
+            else [late[CURVE_QUANTILES.index(q)] for q in LATENESS_QUANTILES.values()]
+        )
 
     output = ReportOutput(location, spark)
     try:
@@ -333,14 +347,6 @@ def _write_report(
     for bin_row in bins:
         where = (bin_row["purgatory"], bin_row["op_type"])
         peaks[where] = max(peaks.get(where, 0), int(bin_row["peak"]))
-    _write(metrics.key_stats(events), output, "hot_keys")
-    hot_keys = [
-        row.asDict()
-        for row in metrics.top_keys(_read(spark, output, "hot_keys"), top_keys)
-        .orderBy(*GROUP, "rank")
-        .collect()
-    ]
-
     summary = [_summary_row(row, peaks) for row in stats]
     for row, group in zip(summary, stats, strict=True):
         row["duplicates_dropped"] = int(group["_duplicates"] or 0)
@@ -371,7 +377,7 @@ def _write_report(
         generated_at=datetime.now(UTC),
         summary=summary,
         whatif=whatif,
-        hot_keys=hot_keys,
+        hot_keys=[],
         latency_curves=curves,
         top_keys=top_keys,
         timeline_start=start,
@@ -381,6 +387,21 @@ def _write_report(
         window=window.describe() if window.bounded else None,
         run=describe_run(spark),
     )
+    # The charts are drawn on a thread while Spark computes the hot keys: matplotlib
+    # needs the driver's CPU for about a second, the Spark job mostly waits on its JVM.
+    drawing = ThreadPoolExecutor(1, thread_name_prefix="purgatory-report-charts")
+    charts_done = drawing.submit(_draw_charts, report, output, [row.asDict() for row in bins], span)
+    drawing.shutdown(wait=False)
+    try:
+        _write(metrics.key_stats(events), output, "hot_keys")
+        report.hot_keys = [
+            row.asDict()
+            for row in metrics.top_keys(_read(spark, output, "hot_keys"), top_keys)
+            .orderBy(*GROUP, "rank")
+            .collect()
+        ]
+    finally:
+        charts_done.result()  # also when the hot keys failed: nothing may write after abort
     report.tables["throughput"] = output.final("tables/throughput")
     report.tables["hot_keys"] = output.final("tables/hot_keys")
     # A few rows each: written here with pyarrow, not by a Spark job apiece.
@@ -405,7 +426,6 @@ def _write_report(
         json.dumps(quality_doc, indent=2, allow_nan=False) + "\n", encoding="utf-8"
     )
     report.quality_json = output.final("data_quality.json")
-    _draw_charts(report, output, [row.asDict() for row in bins], span)
     (output.files / "report.md").write_text(render_markdown(report), encoding="utf-8")
     report.markdown = output.final("report.md")
     return report
