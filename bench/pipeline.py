@@ -421,6 +421,20 @@ def disagreements(report_dir: Path, duck: dict[str, Any]) -> list[str]:
     return found
 
 
+def class_archive_state() -> str:
+    """Whether the report's runs start from a class-data archive of Spark's classes:
+    ``present``, ``off``, or ``written by the first run`` (which then takes longer)."""
+    from purgatory_aio.analytics.session import class_archive_dir, class_archive_path
+
+    directory = class_archive_dir()
+    if directory is None:
+        return "off"
+    archive = class_archive_path(directory)
+    if archive is None:
+        return "off"
+    return "present" if archive.is_file() else "written by the first run"
+
+
 def _log(workdir: Path, events: int, seed: int, rate: float) -> tuple[Path, Generated | None]:
     """The Parquet log in ``workdir``, generated unless one of these parameters is there."""
     log_dir = workdir / f"events-{events}"
@@ -462,8 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     conf = {} if args.driver_memory is None else {"spark.driver.memory": args.driver_memory}
     figures: dict[str, Any] = {}
     agree = True
+    archive = class_archive_state()
     try:
-        print(f"== pipeline: {events:,} events, report on {args.master}", flush=True)
+        print(
+            f"== pipeline: {events:,} events, report on {args.master}; "
+            f"JVM class archive: {archive}",
+            flush=True,
+        )
         parquet_dir, generated = _log(workdir, events, args.seed, args.rate)
         if generated is not None:
             print(
@@ -515,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             "rate": args.rate,
             "seed": args.seed,
             "cluster": args.cluster,
+            "class_archive": archive,
             "keys": KEYS,
             "keys_per_op": KEYS_PER_OP,
             "rows_per_file": ROWS_PER_FILE,

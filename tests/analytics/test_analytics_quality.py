@@ -244,3 +244,50 @@ def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_p
     assert quality.rows_read == len(records)
     assert quality.duplicates == len(records) - len(distinct) == 4
     assert (quality.conflicting_ids, quality.conflicting_rows) == (2, 4)  # (a, b) and (d, e)
+
+
+@pytest.mark.spark
+def test_id_blocks_hold_at_their_edges(spark: Any, tmp_path: Path) -> None:
+    """Ids around block edges (63/64, -1/0, the extremes of a long), many writers sharing
+    ids, and repeats within and across blocks: counted as a record-by-record check would."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from purgatory_aio.analytics.inputs import CORRUPT, read_events
+    from purgatory_aio.analytics.quality import Quality
+    from purgatory_aio.analytics.report import check_identities
+    from purgatory_aio.eventlog import arrow_schema
+    from purgatory_aio.events import COLUMNS
+
+    edges = [-(2**63), -(2**63) + 1, -65, -64, -63, -1, 0, 1, 63, 64, 127, 128, 2**63 - 1]
+    records = [GOOD._replace(producer=writer, op_id=op) for writer in ("w1", "w2") for op in edges]
+    repeated = [
+        GOOD._replace(producer="w1", op_id=64),  # a copy, at a block's first id
+        GOOD._replace(producer="w1", op_id=63, settled_at=START + 0.75),  # a conflict, last id
+        GOOD._replace(producer="w2", op_id=-(2**63)),  # a copy at the smallest long
+        GOOD._replace(producer=None, op_id=5),
+        GOOD._replace(producer=None, op_id=5),  # no producer: a copy, never a conflict
+        GOOD._replace(producer=None, op_id=5, settled_at=START + 0.25),
+    ]
+    records += repeated
+    path = tmp_path / "events" / "part.parquet"
+    path.parent.mkdir()
+    pq.write_table(
+        pa.Table.from_pylist([r.as_dict() for r in records], schema=arrow_schema()), path
+    )
+    frame = read_events(spark, find_event_files(str(path.parent))).select(*COLUMNS, CORRUPT)
+    quality = Quality()
+    check_identities(frame, quality)
+
+    by_id: dict[tuple[object, ...], set[str]] = {}
+    for record in records:
+        by_id.setdefault((record.producer, record.purgatory, record.op_id), set()).add(str(record))
+    conflicting = [ids for key, ids in by_id.items() if key[0] is not None and len(ids) > 1]
+    assert quality.rows_read == len(records)
+    assert quality.duplicates == len(records) - sum(len(ids) for ids in by_id.values()) == 3
+    assert quality.conflicting_ids == len(conflicting) == 1
+    assert quality.conflicting_rows == sum(len(ids) for ids in conflicting) == 2
+
+    clean = Quality()
+    check_identities(frame.where(frame.producer.isNotNull()).dropDuplicates(), clean)
+    assert (clean.duplicates, clean.conflicting_ids) == (0, 1)
