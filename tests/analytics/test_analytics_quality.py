@@ -211,10 +211,8 @@ def test_uris_go_through_hadoop_file_system(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["remote-report"]
 
 
-@pytest.mark.spark
-def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_path: Path) -> None:
-    """A record twice is a duplicate; two records under one (producer, purgatory, op_id)
-    are a conflict; without a producer only exact copies count."""
+def checked_identities(spark: Any, tmp_path: Path, records: list[OperationEvent]) -> Any:
+    """``records`` written as one Parquet file, read back and checked: (quality, frame)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -224,14 +222,6 @@ def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_p
     from purgatory_aio.eventlog import arrow_schema
     from purgatory_aio.events import COLUMNS
 
-    a = GOOD._replace(producer="w1")
-    b = a._replace(settled_at=START + 0.25)  # same id, other contents
-    c = a._replace(op_id=9)
-    d = a._replace(op_id=10, error=None, keys=["k", "x"])
-    e = d._replace(keys=["x", "k"])  # the same id with its keys in another order
-    orphan = GOOD._replace(op_id=11, producer=None)
-    other = orphan._replace(settled_at=START + 0.75)  # no producer: never a conflict
-    records = [a, a, b, a, c, c, d, e, orphan, orphan, other]
     path = tmp_path / "events" / "part.parquet"
     path.parent.mkdir()
     pq.write_table(
@@ -240,6 +230,22 @@ def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_p
     frame = read_events(spark, find_event_files(str(path.parent))).select(*COLUMNS, CORRUPT)
     quality = Quality()
     check_identities(frame, quality)
+    return quality, frame
+
+
+@pytest.mark.spark
+def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_path: Path) -> None:
+    """A record twice is a duplicate; two records under one (producer, purgatory, op_id)
+    are a conflict; without a producer only exact copies count."""
+    a = GOOD._replace(producer="w1")
+    b = a._replace(settled_at=START + 0.25)  # same id, other contents
+    c = a._replace(op_id=9)
+    d = a._replace(op_id=10, error=None, keys=["k", "x"])
+    e = d._replace(keys=["x", "k"])  # the same id with its keys in another order
+    orphan = GOOD._replace(op_id=11, producer=None)
+    other = orphan._replace(settled_at=START + 0.75)  # no producer: never a conflict
+    records = [a, a, b, a, c, c, d, e, orphan, orphan, other]
+    quality, _ = checked_identities(spark, tmp_path, records)
     distinct = set(map(str, records))
     assert quality.rows_read == len(records)
     assert quality.duplicates == len(records) - len(distinct) == 4
@@ -250,14 +256,8 @@ def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_p
 def test_id_blocks_hold_at_their_edges(spark: Any, tmp_path: Path) -> None:
     """Ids around block edges (63/64, -1/0, the extremes of a long), many writers sharing
     ids, and repeats within and across blocks: counted as a record-by-record check would."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from purgatory_aio.analytics.inputs import CORRUPT, read_events
     from purgatory_aio.analytics.quality import Quality
     from purgatory_aio.analytics.report import check_identities
-    from purgatory_aio.eventlog import arrow_schema
-    from purgatory_aio.events import COLUMNS
 
     edges = [-(2**63), -(2**63) + 1, -65, -64, -63, -1, 0, 1, 63, 64, 127, 128, 2**63 - 1]
     records = [GOOD._replace(producer=writer, op_id=op) for writer in ("w1", "w2") for op in edges]
@@ -270,14 +270,7 @@ def test_id_blocks_hold_at_their_edges(spark: Any, tmp_path: Path) -> None:
         GOOD._replace(producer=None, op_id=5, settled_at=START + 0.25),
     ]
     records += repeated
-    path = tmp_path / "events" / "part.parquet"
-    path.parent.mkdir()
-    pq.write_table(
-        pa.Table.from_pylist([r.as_dict() for r in records], schema=arrow_schema()), path
-    )
-    frame = read_events(spark, find_event_files(str(path.parent))).select(*COLUMNS, CORRUPT)
-    quality = Quality()
-    check_identities(frame, quality)
+    quality, frame = checked_identities(spark, tmp_path, records)
 
     by_id: dict[tuple[object, ...], set[str]] = {}
     for record in records:
