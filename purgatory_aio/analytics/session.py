@@ -172,13 +172,20 @@ RUN_SETTINGS = {
 
 def describe_run(spark: SparkSession) -> dict[str, str]:
     """What the report's run section says about the session: Spark version, master,
-    heap and shuffle partitions, and whether those are this machine's defaults."""
+    heap and shuffle partitions, whether those are this machine's defaults, and the
+    class archive its JVM started from or writes (see :func:`class_archive_options`)."""
     conf = spark.sparkContext.getConf()
     found = {
         "spark": str(spark.version),
         **{label: str(conf.get(key, "")) for key, label in RUN_SETTINGS.items()},
     }
     found["shuffle partitions"] = str(spark.conf.get("spark.sql.shuffle.partitions"))
+    options = str(conf.get("spark.driver.extraJavaOptions", ""))
+    for flag, state in (("SharedArchiveFile", "started from"), ("ArchiveClassesAtExit", "writes")):
+        archive = re.search(rf"-XX:{flag}=(\S+)", options)
+        if archive is not None:  # the one being written gets its final name when complete
+            path = re.sub(r"[.]\d+[.]tmp$", "", archive[1])
+            found["JVM class archive"] = f"{state} {path}"
     if not found["driver heap"]:
         found["driver heap"] = "1g (Spark's default)"
     cores = local_cores(found["master"])

@@ -295,6 +295,11 @@ def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
         assert done.stderr == "", done.stderr
         archives = sorted(path.name for path in cache.iterdir())
         assert len(archives) == 1 and archives[0].endswith(".jsa"), archives
+        said = "writes" if run == 0 else "started from"
+        assert (
+            f"| JVM class archive | `{said} {cache / archives[0]}` |"
+            in (out / "report.md").read_text()
+        )
         outputs.append(json.loads((out / "summary.json").read_text()))
     assert outputs[0] == outputs[1] == json.loads((out_dir / "summary.json").read_text())
 
