@@ -106,17 +106,25 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
     try:
         return _main(argv, spark)
     finally:
-        # After the result is out: the first local run on a machine waits here while
-        # its JVM writes the class archive that later runs start from.
-        session = sys.modules.get("purgatory_aio.analytics.session")
-        if session is not None and session.class_archive_pending():
-            if sys.stderr.isatty():
-                print(
-                    f"{PROG}: keeping the classes Spark loaded, for faster starts "
-                    f"(once; {session.CLASS_CACHE_ENV}=off skips it)",
-                    file=sys.stderr,
-                )
-            session.save_class_archive()
+        _keep_class_archive()
+
+
+def _keep_class_archive() -> None:
+    """After the result is out: the first local run on a machine waits here while its
+    JVM writes the class archive that later runs start from (an interrupt skips it)."""
+    session = sys.modules.get("purgatory_aio.analytics.session")
+    if session is None or not session.class_archive_pending():
+        return
+    if sys.stderr.isatty():
+        print(
+            f"{PROG}: keeping the classes Spark loaded, for faster starts "
+            f"(once; {session.CLASS_CACHE_ENV}=off skips it)",
+            file=sys.stderr,
+        )
+    try:
+        session.save_class_archive()
+    except KeyboardInterrupt:  # what the JVM leaves half-written is removed later
+        return
 
 
 def _main(argv: Sequence[str] | None, spark: Session | None) -> int:

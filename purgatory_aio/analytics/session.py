@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -235,6 +236,30 @@ def class_archive_path(directory: Path) -> Path | None:
     return directory / f"spark-{version}-{identity.hexdigest()[:16]}.jsa"
 
 
+#: Options of every JVM given a class archive: an old Java ignores what it does not know,
+#: and the archive's own messages stay off the user's terminal.
+_QUIET_ARCHIVE = ("-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+
+def archive_maps(archive: Path) -> bool:
+    """Whether a JVM starts with ``archive`` mapped: False for a truncated or damaged one
+    (e.g. written onto a full disk), which would crash every JVM given it."""
+    java = find_java()
+    if java is None:
+        return False
+    command = [
+        java, *_QUIET_ARCHIVE, "-XX:-CreateCoredumpOnCrash", f"-XX:ErrorFile={os.devnull}",
+        f"-XX:SharedArchiveFile={archive}", "-version",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 class _ClassArchive:
     """The archive this process's JVM writes when it exits: (being written, final)."""
 
@@ -258,9 +283,13 @@ def class_archive_options(directory: Path | None) -> list[str]:
     archive = class_archive_path(directory)
     if archive is None:
         return []
-    quiet = ["-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+    # Should an archive ever crash the JVM, its crash log goes to the temporary
+    # directory, not into the directory the command was run from.
+    crash_log = f"-XX:ErrorFile={Path(tempfile.gettempdir()) / 'purgatory-report-hs_err_%p.log'}"
+    if re.search(r"[\s'\"]", f"{archive}{crash_log}"):
+        return []  # Spark splits the JVM's options at blanks: such a path cannot be passed
     if archive.is_file():
-        return [*quiet, f"-XX:SharedArchiveFile={archive}"]
+        return [*_QUIET_ARCHIVE, crash_log, f"-XX:SharedArchiveFile={archive}"]
     try:
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
@@ -271,7 +300,7 @@ def class_archive_options(directory: Path | None) -> list[str]:
         return []
     writing = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
     _ClassArchive.pending = (writing, archive)
-    return [*quiet, f"-XX:ArchiveClassesAtExit={writing}"]
+    return [*_QUIET_ARCHIVE, crash_log, f"-XX:ArchiveClassesAtExit={writing}"]
 
 
 def class_archive_pending() -> bool:
@@ -298,7 +327,7 @@ def save_class_archive(wait: float = 60.0) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False  # still writing: a later run removes what is left
     try:
-        if status == 0 and writing.is_file() and writing.stat().st_size > 0:
+        if status == 0 and writing.is_file() and archive_maps(writing):
             os.replace(writing, archive)
             return True
         writing.unlink(missing_ok=True)
@@ -416,6 +445,14 @@ def _launch_jvm(master: str, settings: Mapping[str, str]) -> None:
     try:
         gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
     except Exception as exc:
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        archive = re.search(r"-XX:SharedArchiveFile=(\S+)", options)
+        if archive is not None and not archive_maps(Path(archive[1])):
+            # A damaged archive crashes the JVM as it starts: drop it, start without.
+            Path(archive[1]).unlink(missing_ok=True)
+            kept = [word for word in options.split() if word != archive[0]]
+            _launch_jvm(master, {**settings, "spark.driver.extraJavaOptions": " ".join(kept)})
+            return
         raise ReportError(
             f"cannot start Spark (check --master and --conf): {describe_spark_error(exc)}"
         ) from exc

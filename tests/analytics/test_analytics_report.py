@@ -276,13 +276,18 @@ def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
     event_log: Path, out_dir: Path, tmp_path: Path
 ) -> None:
     """The first run leaves one complete archive (nothing half-written); the next run
-    maps it, and gives the same report with nothing more on stderr."""
+    maps it, and gives the same report with nothing more on stderr; a damaged archive
+    is dropped and the run starts without it."""
     from purgatory_aio.analytics.session import CLASS_CACHE_ENV
 
     cache = tmp_path / "classes"
     env = {**os.environ, CLASS_CACHE_ENV: str(cache)}
     outputs = []
-    for run in range(2):
+    for run in range(3):
+        if run == 2:  # as if written onto a full disk: it would crash the JVM that maps it
+            (archive,) = cache.iterdir()
+            archive.chmod(0o644)
+            archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
         out = tmp_path / f"report-{run}"
         command = [
             sys.executable, "-m", "purgatory_aio.analytics.cli", str(event_log),
@@ -294,14 +299,16 @@ def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
         assert done.returncode == 0, done.stderr
         assert done.stderr == "", done.stderr
         archives = sorted(path.name for path in cache.iterdir())
-        assert len(archives) == 1 and archives[0].endswith(".jsa"), archives
-        said = "writes" if run == 0 else "started from"
-        assert (
-            f"| JVM class archive | `{said} {cache / archives[0]}` |"
-            in (out / "report.md").read_text()
-        )
+        run_section = (out / "report.md").read_text().split("## Run", 1)[1]
+        if run == 2:  # dropped, and the run went on without it
+            assert archives == [], archives
+            assert "JVM class archive" not in run_section
+        else:
+            assert len(archives) == 1 and archives[0].endswith(".jsa"), archives
+            said = "writes" if run == 0 else "started from"
+            assert f"| JVM class archive | `{said} {cache / archives[0]}` |" in run_section
         outputs.append(json.loads((out / "summary.json").read_text()))
-    assert outputs[0] == outputs[1] == json.loads((out_dir / "summary.json").read_text())
+    assert outputs == [json.loads((out_dir / "summary.json").read_text())] * 3
 
 
 def test_the_class_archive_is_off_or_where_the_environment_says(
@@ -323,6 +330,13 @@ def test_the_class_archive_is_off_or_where_the_environment_says(
     blocker.write_text("")
     assert session.class_archive_options(blocker / "classes") == []
     assert not session.class_archive_pending()
+    # Spark splits the JVM's options at blanks: such a directory gets no archive.
+    assert session.class_archive_options(tmp_path / "with blank") == []
+    assert not (tmp_path / "with blank").exists()
+    options = session.class_archive_options(tmp_path / "plain")
+    assert session.class_archive_pending()
+    assert any(option.startswith("-XX:ArchiveClassesAtExit=") for option in options)
+    session.class_archive_options(None)  # nothing left pending for other tests
 
 
 def test_report_opens_with_findings_and_states_its_run(out_dir: Path) -> None:
