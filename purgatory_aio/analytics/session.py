@@ -261,9 +261,11 @@ def archive_maps(archive: Path) -> bool:
 
 
 class _ClassArchive:
-    """The archive this process's JVM writes when it exits: (being written, final)."""
+    """The archive asked of the next JVM this process starts (being written, final), and
+    the one the JVM it started writes when it exits (with that JVM)."""
 
-    pending: tuple[Path, Path] | None = None
+    requested: tuple[Path, Path] | None = None
+    pending: tuple[Path, Path, subprocess.Popen[bytes]] | None = None
 
 
 def class_archive_options(directory: Path | None) -> list[str]:
@@ -277,7 +279,7 @@ def class_archive_options(directory: Path | None) -> list[str]:
     of 29.2. A Java too old for dynamic archives (before 13) ignores the options; a
     stale or foreign archive is refused by the JVM, which then loads classes as usual.
     """
-    _ClassArchive.pending = None
+    _ClassArchive.requested = None
     if directory is None:
         return []
     archive = class_archive_path(directory)
@@ -299,12 +301,12 @@ def class_archive_options(directory: Path | None) -> list[str]:
     except OSError:  # an unwritable cache directory: run without the archive
         return []
     writing = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
-    _ClassArchive.pending = (writing, archive)
+    _ClassArchive.requested = (writing, archive)
     return [*_QUIET_ARCHIVE, crash_log, f"-XX:ArchiveClassesAtExit={writing}"]
 
 
 def class_archive_pending() -> bool:
-    """Whether this process's JVM was asked to write a class archive when it exits."""
+    """Whether a JVM this process started writes a class archive when it exits."""
     return _ClassArchive.pending is not None
 
 
@@ -316,10 +318,9 @@ def save_class_archive(wait: float = 60.0) -> bool:
         wait: Seconds to give the JVM to write the archive and exit.
     """
     pending, _ClassArchive.pending = _ClassArchive.pending, None
-    process = _Jvm.process
-    if pending is None or process is None:
+    if pending is None:
         return False
-    writing, archive = pending
+    writing, archive, process = pending
     try:
         if process.stdin is not None:
             process.stdin.close()  # Spark's gateway exits at the end of its standard input
@@ -387,10 +388,6 @@ def create_session(
             # its "resolves to a loopback address" warning.
             os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     settings.update(conf or {})
-    if _ClassArchive.pending and str(_ClassArchive.pending[0]) not in settings.get(
-        "spark.driver.extraJavaOptions", ""
-    ):
-        _ClassArchive.pending = None  # --conf replaced the JVM's options
     if effective is not None and not under_spark_submit() and SparkContext._gateway is None:
         _launch_jvm(effective, settings)
     builder = SparkSession.builder.appName(APP_NAME)
@@ -457,6 +454,12 @@ def _launch_jvm(master: str, settings: Mapping[str, str]) -> None:
             f"cannot start Spark (check --master and --conf): {describe_spark_error(exc)}"
         ) from exc
     process = getattr(gateway, "proc", None)
+    requested, _ClassArchive.requested = _ClassArchive.requested, None
+    options = settings.get("spark.driver.extraJavaOptions", "")
+    if process is not None and requested is not None and str(requested[0]) in options:
+        # Only the JVM started here with the request writes it (--conf may have
+        # replaced the options); only it is ever stopped to let it finish writing.
+        _ClassArchive.pending = (*requested, process)
     if process is not None and process.stderr is not None:
         _Jvm.process = process
         threading.Thread(
