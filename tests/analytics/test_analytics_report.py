@@ -311,6 +311,23 @@ def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
     assert outputs == [json.loads((out_dir / "summary.json").read_text())] * 3
 
 
+@pytest.mark.spark
+def test_a_borrowed_session_is_never_stopped_for_a_class_archive(
+    spark: Any, event_log: Path, tmp_path: Path
+) -> None:
+    """An archive asked for but never given to a JVM (a start that failed, a caller that
+    only built the options): the command run on a borrowed session leaves its JVM alone."""
+    from purgatory_aio.analytics import session
+
+    assert session.class_archive_options(tmp_path / "classes")
+    try:
+        assert main([str(event_log), "--out", str(tmp_path / "report")], spark=spark) == 0
+        assert not session.class_archive_pending()
+        assert spark.range(3).count() == 3  # the JVM still answers
+    finally:
+        session.class_archive_options(None)
+
+
 def test_the_class_archive_is_off_or_where_the_environment_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
