@@ -214,8 +214,16 @@ def class_archive_dir() -> Path | None:
     chosen = os.environ.get(CLASS_CACHE_ENV)
     if chosen is not None:
         return None if chosen.strip().lower() in ("", "off", "0", "no", "false") else Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "purgatory-aio" / "spark-classes"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            home = Path.home()
+        except RuntimeError:  # no home directory at all (Python 3.12+ raises)
+            return None
+        base = str(home / ".cache")
+    directory = Path(base) / "purgatory-aio" / "spark-classes"
+    # A home Python cannot find comes back as "~": never an archive relative to the cwd.
+    return directory if directory.is_absolute() else None
 
 
 def class_archive_path(directory: Path) -> Path | None:

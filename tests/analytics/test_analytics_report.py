@@ -342,6 +342,12 @@ def test_the_class_archive_is_off_or_where_the_environment_says(
     assert session.class_archive_dir() == tmp_path / "purgatory-aio" / "spark-classes"
     monkeypatch.setenv(session.CLASS_CACHE_ENV, str(tmp_path / "mine"))
     assert session.class_archive_dir() == tmp_path / "mine"
+    # No home to be found: no archive rather than one under the working directory.
+    monkeypatch.delenv(session.CLASS_CACHE_ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: Path("~")))
+    assert session.class_archive_dir() is None
+    monkeypatch.undo()
     # A directory that cannot be created: the run goes on without an archive.
     blocker = tmp_path / "file"
     blocker.write_text("")
