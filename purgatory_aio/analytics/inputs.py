@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -201,6 +202,9 @@ class EventFiles:
     parquet: list[str]
     json: list[str]
     markers: list[str] = field(default_factory=list)
+    #: Required columns no event of a local Parquet-only log leaves null, as the files'
+    #: footers prove (see :func:`check_parquet_files`); empty when nothing is proven.
+    null_free: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self.parquet) + len(self.json)
@@ -342,15 +346,27 @@ def read_drop_markers(spark: SparkSession, files: EventFiles) -> dict[str, int]:
     return dropped
 
 
-def check_parquet_files(paths: list[str]) -> None:
-    """Read each Parquet footer and check the columns, before Spark touches the data.
+def check_parquet_files(paths: list[str]) -> frozenset[str]:
+    """Read each Parquet footer once: check the columns, before Spark touches the data,
+    and find the required columns its statistics prove null-free.
+
+    A column is null-free when every row group of every file says it holds no null (for
+    ``keys``: no null or empty list, no null key). The report then leaves those
+    columns' null checks out of its main pass: the check of ``keys`` alone made that
+    pass read every key list (10M events, local[2]). A row group without statistics
+    proves nothing.
+
+    Returns:
+        The required columns proven null-free.
 
     Raises:
         ReportError: A file is not readable Parquet, or lacks or mistypes a column.
     """
+    proven = set(REQUIRED)
     for path in paths:
         try:
-            schema = pq.read_schema(path)
+            metadata = pq.read_metadata(path)
+            schema = metadata.schema.to_arrow_schema()
         except Exception as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ReportError(f"corrupt Parquet file {path}: {reason}") from exc
@@ -365,22 +381,6 @@ def check_parquet_files(paths: list[str]) -> None:
                 raise ReportError(
                     f"Parquet file {path}: column {name} has type {found}, expected {expected}"
                 )
-
-
-def parquet_null_free(paths: list[str]) -> frozenset[str]:
-    """The required columns that no row of these local Parquet files leaves null, as
-    their footers' statistics prove (for ``keys``: no null or empty list, no null key).
-
-    The report then leaves those columns' null checks out of its main pass: the check
-    of ``keys`` alone made that pass read every key list (10M events, local[2]).
-    A file or row group without statistics proves nothing.
-    """
-    proven = set(REQUIRED)
-    for path in paths:
-        try:
-            metadata = pq.read_metadata(path)
-        except Exception:  # check_parquet_files reports unreadable files
-            return frozenset()
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
             seen = set()
@@ -392,8 +392,6 @@ def parquet_null_free(paths: list[str]) -> frozenset[str]:
                 if stats is None or not stats.has_null_count or stats.null_count:
                     proven.discard(name)
             proven &= seen
-            if not proven:
-                return frozenset()
     return frozenset(proven)
 
 
@@ -409,8 +407,9 @@ def preflight(events_dir: str, window: TimeRange | None = None) -> EventFiles | 
     if not is_local(events_dir):
         return None
     files = find_event_files(events_dir, window)
-    check_parquet_files(files.parquet)
-    return files
+    null_free = check_parquet_files(files.parquet)
+    # JSON Lines rows may leave any column null: nothing is proven for a mixed log.
+    return files if files.json else dataclasses.replace(files, null_free=null_free)
 
 
 def list_event_files(
@@ -474,7 +473,7 @@ def check_aggregates(weight: Column | None = None, null_free: Collection[str] = 
 
     Args:
         weight: Rows each row stands for (the copy count of collapsed duplicates).
-        null_free: Columns known to hold no null (:func:`parquet_null_free`): not checked.
+        null_free: Columns known to hold no null (:attr:`EventFiles.null_free`): not checked.
     """
     each = F.lit(1) if weight is None else weight
     skipped = {f"null_{name}" for name in null_free}

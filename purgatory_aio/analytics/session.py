@@ -183,8 +183,8 @@ def describe_run(spark: SparkSession) -> dict[str, str]:
     found["shuffle partitions"] = str(spark.conf.get("spark.sql.shuffle.partitions"))
     options = str(conf.get("spark.driver.extraJavaOptions", ""))
     for flag, state in (("SharedArchiveFile", "started from"), ("ArchiveClassesAtExit", "writes")):
-        archive = re.search(rf"-XX:{flag}=(\S+)", options)
-        if archive is not None:  # the one being written gets its final name when complete
+        if (archive := _archive_option(options, flag)) is not None:
+            # The one being written gets its final name when complete.
             path = re.sub(r"[.]\d+[.]tmp$", "", archive[1])
             found["JVM class archive"] = f"{state} {path}"
     if not found["driver heap"]:
@@ -266,6 +266,11 @@ def archive_maps(archive: Path) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
+
+
+def _archive_option(options: str, flag: str) -> re.Match[str] | None:
+    """``-XX:<flag>=PATH`` among a JVM's options: the whole option, and PATH as group 1."""
+    return re.search(rf"-XX:{flag}=(\S+)", options)
 
 
 class _ClassArchive:
@@ -451,7 +456,7 @@ def _launch_jvm(master: str, settings: Mapping[str, str]) -> None:
         gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
     except Exception as exc:
         options = settings.get("spark.driver.extraJavaOptions", "")
-        archive = re.search(r"-XX:SharedArchiveFile=(\S+)", options)
+        archive = _archive_option(options, "SharedArchiveFile")
         if archive is not None and not archive_maps(Path(archive[1])):
             # A damaged archive crashes the JVM as it starts: drop it, start without.
             Path(archive[1]).unlink(missing_ok=True)
