@@ -39,6 +39,8 @@ from purgatory_aio.analytics.errors import SPARK_MISSING, ReportError, describe_
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as Session
 
+    from purgatory_aio.analytics.staging import Staging
+
 PROG = "purgatory-report"
 
 
@@ -147,6 +149,7 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
         from pyspark.sql import SparkSession
 
         from purgatory_aio.analytics import inputs, output, session
+        from purgatory_aio.analytics import staging as _staging  # noqa: F401 - names a missing numpy
 
         if importlib.util.find_spec("matplotlib") is None:  # imported below, on a thread
             raise ImportError("no module named 'matplotlib'", name="matplotlib")
@@ -169,13 +172,17 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
     # A session already running in this process (a notebook, a test) is borrowed, not stopped.
     own_session = spark is None and SparkSession.getActiveSession() is None
     heap: str | None = None
+    json_staging: Staging | None = None
     try:
         since = None if args.since is None else inputs.parse_time(args.since)
         until = None if args.until is None else inputs.parse_time(args.until)
         window = inputs.TimeRange(since, until)
         # Bad input and an unusable output are reported before paying for a JVM start.
         output.check_local_target(args.out)
-        inputs.preflight(args.events_dir, window)
+        files = inputs.preflight(args.events_dir, window)
+        if spark is None and files is not None and files.json:
+            # Arrow parses the JSON Lines while the JVM starts (see staging.Staging).
+            json_staging = _begin_staging(args.master, conf, files.json)
         if spark is None:
             spark = session.create_session(
                 args.master, conf, class_archive=session.class_archive_dir()
@@ -194,6 +201,7 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
                 since=since,
                 until=until,
                 strict=args.strict,
+                json_staging=json_staging,
             )
         finally:
             if own_session:
@@ -214,10 +222,27 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
         if not _is_spark_error(exc):
             raise
         return _fail(f"Spark job failed: {describe_spark_error(exc)}")
+    finally:
+        if json_staging is not None:
+            json_staging.close()
     print(f"{PROG}: {result.events:,} events, report in {result.markdown}")
     for problem in result.quality.problems():
         print(f"{PROG}: warning: {problem} (see the Data quality section)", file=sys.stderr)
     return 0
+
+
+def _begin_staging(master: str | None, conf: dict[str, str], paths: list[str]) -> Staging | None:
+    """Local JSON Lines parsed by Arrow from now on when Spark will run on this machine."""
+    from purgatory_aio.analytics import inputs, session, staging
+
+    if staging.reader_choice(conf.get(staging.JSON_READER_CONF, "arrow")) == "spark":
+        return None
+    if master is None and session.under_spark_submit():
+        return None  # spark-submit's master is only known once the session runs
+    cores = session.local_cores(master or session.DEFAULT_MASTER)
+    if cores is None:
+        return None
+    return staging.Staging(paths, cores, inputs.REQUIRED, conf.get("spark.local.dir"))
 
 
 _UNCLEAN_SHUTDOWN = "Unable to cleanly shutdown Spark JVM process"

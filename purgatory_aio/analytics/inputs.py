@@ -202,12 +202,18 @@ class EventFiles:
     parquet: list[str]
     json: list[str]
     markers: list[str] = field(default_factory=list)
-    #: Required columns no event of a local Parquet-only log leaves null, as the files'
+    #: Required columns no event of the local Parquet files leaves null, as their
     #: footers prove (see :func:`check_parquet_files`); empty when nothing is proven.
+    #: JSON Lines rows may leave any column null: see :attr:`proven_null_free`.
     null_free: frozenset[str] = frozenset()
 
     def __len__(self) -> int:
         return len(self.parquet) + len(self.json)
+
+    @property
+    def proven_null_free(self) -> frozenset[str]:
+        """Required columns no event of the whole log leaves null (none with JSON Lines)."""
+        return frozenset() if self.json else self.null_free
 
 
 def is_local(location: str) -> bool:
@@ -407,9 +413,7 @@ def preflight(events_dir: str, window: TimeRange | None = None) -> EventFiles | 
     if not is_local(events_dir):
         return None
     files = find_event_files(events_dir, window)
-    null_free = check_parquet_files(files.parquet)
-    # JSON Lines rows may leave any column null: nothing is proven for a mixed log.
-    return files if files.json else dataclasses.replace(files, null_free=null_free)
+    return dataclasses.replace(files, null_free=check_parquet_files(files.parquet))
 
 
 def list_event_files(

@@ -9,6 +9,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -16,13 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-from purgatory_aio.analytics import charts, metrics
+from purgatory_aio.analytics import charts, inputs, metrics, staging
 from purgatory_aio.analytics.anomalies import find_windows
 from purgatory_aio.analytics.errors import ReportError, missing_dependency
 from purgatory_aio.analytics.inputs import (
     CHECK_PREFIX,
     COPIES,
     CORRUPT,
+    REQUIRED,
+    EventFiles,
     TimeRange,
     check_aggregates,
     check_results,
@@ -43,7 +46,7 @@ from purgatory_aio.analytics.output import ReportOutput, check_local_target
 from purgatory_aio.analytics.quality import REASON, REASONS, Quality
 from purgatory_aio.analytics.quality import reason as quality_reason
 from purgatory_aio.analytics.render import render_markdown
-from purgatory_aio.analytics.session import describe_run
+from purgatory_aio.analytics.session import describe_run, local_cores
 from purgatory_aio.events import COLUMNS, OUTCOMES
 
 try:
@@ -67,6 +70,7 @@ def run(
     since: float | None = None,
     until: float | None = None,
     strict: bool = False,
+    json_staging: staging.Staging | None = None,
 ) -> Report:
     """Compute the report of the event log under ``events_dir`` into ``out_dir``.
 
@@ -86,6 +90,8 @@ def run(
         until: Only operations settled before this epoch second (same pruning).
         strict: Fail instead of reporting when rows were dropped or excluded,
             or the writers dropped records.
+        json_staging: The log's JSON Lines files already being parsed by Arrow
+            (see :class:`~.staging.Staging`); removed when the run ends.
 
     Raises:
         ReportError: Missing, empty or malformed input; ``out_dir`` unusable;
@@ -98,6 +104,61 @@ def run(
     check_local_target(location)
     files = list_event_files(spark, events_dir, window)
     quality = Quality(writer_drops=read_drop_markers(spark, files))
+    json_reader: str | None = None
+    try:
+        if files.json:
+            files, json_reader, json_staging = _stage_json(spark, files, json_staging)
+        asked = _Asked(events_dir, location, top_keys, window, strict, quality, json_reader)
+        return _run(spark, files, asked)
+    finally:
+        if json_staging is not None:
+            json_staging.close()
+
+
+def _stage_json(
+    spark: SparkSession, files: EventFiles, begun: staging.Staging | None
+) -> tuple[EventFiles, str, staging.Staging | None]:
+    """Local JSON Lines files parsed by Arrow into Parquet (see :mod:`~.staging`) when
+    Spark runs on this machine: the files to read, what the run section says about the
+    JSON Lines, and the staging to close when the run ends."""
+    chosen = staging.reader_choice(str(spark.conf.get(staging.JSON_READER_CONF, "arrow")))
+    cores = local_cores(str(spark.sparkContext.master))
+    if chosen == "spark":
+        return files, f"parsed by Spark ({staging.JSON_READER_CONF}=spark)", begun
+    if cores is None:
+        # Executors elsewhere could not read a staging directory on the driver.
+        return files, "parsed by Spark (not a local master)", begun
+    if not all(inputs.is_local(path) for path in files.json):
+        return files, "parsed by Spark (the files are not on this machine)", begun
+    paths = [str(inputs.local_path(path)) for path in files.json]
+    if begun is None or begun.paths != tuple(paths):
+        if begun is not None:
+            begun.close()
+        begun = staging.Staging(paths, cores, REQUIRED, spark.conf.get("spark.local.dir", None))
+    staged = begun.result()
+    if not staged.parquet:
+        return files, staged.description, begun
+    # Staged rows leave no required column null (or the log goes to Spark).
+    merged = dataclasses.replace(files, parquet=[*files.parquet, *staged.parquet], json=[])
+    return merged, staged.description, begun
+
+
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """What one run was asked for, and what it learnt before computing a figure."""
+
+    events_dir: str
+    location: str
+    top_keys: int
+    window: TimeRange
+    strict: bool
+    quality: Quality
+    #: What the run section says about the JSON Lines (none without any).
+    json_reader: str | None
+
+
+def _run(spark: SparkSession, files: EventFiles, asked: _Asked) -> Report:
+    window, quality = asked.window, asked.quality
     raw = read_events(spark, files)
     if window.bounded:
         settled = F.col("settled_at")
@@ -130,11 +191,9 @@ def run(
             unique = records.withColumn(COPIES, F.lit(1))
         unique = unique.withColumn(REASON, quality_reason())
         # A few rows per second, read again for the throughput table and the timeline.
-        partials = _partials(unique, files.null_free).persist(StorageLevel.MEMORY_AND_DISK)
+        partials = _partials(unique, files.proven_null_free).persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(partials)
-        return _report_from(
-            spark, unique, partials, raw, events_dir, location, top_keys, window, strict, quality
-        )
+        return _report_from(spark, unique, partials, raw, asked)
     finally:
         for frame in cached:
             frame.unpersist()
@@ -236,17 +295,9 @@ def _partials(unique: DataFrame, null_free: frozenset[str]) -> DataFrame:
 
 
 def _report_from(
-    spark: SparkSession,
-    unique: DataFrame,
-    partials: DataFrame,
-    raw: DataFrame,
-    events_dir: str,
-    location: str,
-    top_keys: int,
-    window: TimeRange,
-    strict: bool,
-    quality: Quality,
+    spark: SparkSession, unique: DataFrame, partials: DataFrame, raw: DataFrame, asked: _Asked
 ) -> Report:
+    events_dir, window, quality = asked.events_dir, asked.window, asked.quality
     checks = [column for column in partials.columns if column.startswith(CHECK_PREFIX)]
     counted = ["_duplicates", *(f"_x_{name}" for name in REASONS)]
     rows = [
@@ -258,7 +309,7 @@ def _report_from(
     check_results(raw, rows, events_dir)
     for name in REASONS:
         quality.excluded[name] = sum(int(row[f"_x_{name}"]) for row in rows)
-    if strict and (problems := quality.problems()):
+    if asked.strict and (problems := quality.problems()):
         raise ReportError(f"--strict: the input has problems: {'; '.join(problems)}")
     stats = sorted(
         (row for row in rows if row["count"]), key=lambda row: (row["purgatory"], row["op_type"])
@@ -293,11 +344,9 @@ def _report_from(
             else [late[CURVE_QUANTILES.index(q)] for q in LATENESS_QUANTILES.values()]
         )
 
-    output = ReportOutput(location, spark)
+    output = ReportOutput(asked.location, spark)
     try:
-        report = _write_report(
-            spark, output, events, partials, stats, events_dir, top_keys, window, quality
-        )
+        report = _write_report(spark, output, events, partials, stats, asked)
         output.commit()
     except BaseException:
         output.abort()
@@ -311,11 +360,9 @@ def _write_report(
     events: DataFrame,
     partials: DataFrame,
     stats: list[Row],
-    events_dir: str,
-    top_keys: int,
-    window: TimeRange,
-    quality: Quality,
+    asked: _Asked,
 ) -> Report:
+    window, json_reader = asked.window, asked.json_reader
     # The two large tables are written by Spark. The per-second counts come from the
     # cached partials; the hot keys are read back (small, aggregated Parquet) for the
     # top keys, so no cache holds them meanwhile.
@@ -353,7 +400,7 @@ def _write_report(
         }
     )
     report = Report(
-        events_dir=events_dir,
+        events_dir=asked.events_dir,
         out_dir=output.location,
         events=sum(int(row["count"]) for row in stats),
         generated_at=datetime.now(UTC),
@@ -361,13 +408,13 @@ def _write_report(
         whatif=whatif,
         hot_keys=[],
         latency_curves=curves,
-        top_keys=top_keys,
+        top_keys=asked.top_keys,
         timeline_start=start,
         timeline_bin_seconds=bin_seconds,
-        quality=quality,
+        quality=asked.quality,
         withheld_quantiles=withheld,
         window=window.describe() if window.bounded else None,
-        run=describe_run(spark),
+        run={**describe_run(spark), **({"JSON Lines": json_reader} if json_reader else {})},
     )
     # The charts are drawn on a thread while Spark computes the hot keys: matplotlib
     # needs the driver's CPU for about a second, the Spark job mostly waits on its JVM.
@@ -378,7 +425,7 @@ def _write_report(
         _write(metrics.key_stats(events), output, "hot_keys")
         report.hot_keys = [
             row.asDict()
-            for row in metrics.top_keys(_read(spark, output, "hot_keys"), top_keys)
+            for row in metrics.top_keys(_read(spark, output, "hot_keys"), asked.top_keys)
             .orderBy(*GROUP, "rank")
             .collect()
         ]
@@ -400,7 +447,7 @@ def _write_report(
     )
     report.summary_json = output.final("summary.json")
     quality_doc = {
-        **quality.as_dict(),
+        **asked.quality.as_dict(),
         "window": report.window,
         "withheld_percentiles": [f"p{q * 100:g}" for q in withheld],
     }

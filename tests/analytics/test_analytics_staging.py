@@ -1,0 +1,285 @@
+"""JSON Lines staged by Arrow: read exactly as Spark reads the JSON, or left to Spark."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from purgatory_aio.analytics import staging
+from purgatory_aio.analytics.cli import main
+from purgatory_aio.analytics.inputs import REQUIRED, EventFiles, read_events
+
+T0 = 1_700_000_000.0
+EVENT: dict[str, Any] = {
+    "purgatory": "fetch",
+    "op_type": "FetchOp",
+    "op_id": 1,
+    "keys": ["t-0", "t-1"],
+    "created_at": T0,
+    "deadline": T0 + 0.5,
+    "settled_at": T0 + 0.1,
+    "outcome": "completed",
+    "error": None,
+    "producer": "p-1",
+}
+
+
+def line(**changes: Any) -> bytes:
+    return json.dumps({**EVENT, **changes}, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def lines(*items: bytes) -> bytes:
+    return b"".join(item + b"\n" for item in items)
+
+
+GOOD = lines(line(op_id=1), line(op_id=2), line(op_id=3))
+
+#: name -> (file bytes, whether Arrow may stage it). Staged or not, the rows must be
+#: Spark's own (see test_staged_rows_are_the_rows_spark_reads).
+CASES: dict[str, tuple[bytes, bool]] = {
+    "plain": (GOOD, True),
+    "no final newline": (GOOD.rstrip(b"\n"), True),
+    "extra fields, nested": (
+        lines(line(extra={"a": [1, {"b": None}]}, more=[[], {}], other="x")),
+        True,
+    ),
+    "unicode and escapes": (
+        lines(line(producer="é\\u00e9\n\u2603", keys=["\u00fc", "a\x00b"])),
+        True,
+    ),
+    "null and empty keys": (lines(line(keys=["a", None]), line(op_id=2, keys=[])), True),
+    "numbers Spark and Arrow agree on": (
+        lines(
+            line(deadline=0, created_at=12345678901234567890123, op_id=-(2**63)).replace(
+                b'"deadline":0', b'"deadline":1e-400'
+            )
+        ),
+        True,
+    ),
+    "error text present": (lines(line(outcome="failed", error="boom")), True),
+    "two objects on one line": (line(op_id=1) + b" " + line(op_id=2) + b"\n", False),
+    "an object across two lines": (
+        lines(line(op_id=1), b'{"purgatory":"fetch",', line(op_id=2)[1:]),
+        False,
+    ),
+    "blank line": (line(op_id=1) + b"\n\n" + line(op_id=2) + b"\n", False),
+    "whitespace line": (line(op_id=1) + b"\n   \n" + line(op_id=2) + b"\n", False),
+    "indented line": (lines(line(op_id=1), b"  " + line(op_id=2)), False),
+    "crlf line ends": (line(op_id=1) + b"\r\n" + line(op_id=2) + b"\r\n", False),
+    "cr line ends": (line(op_id=1) + b"\r" + line(op_id=2) + b"\r", False),
+    "byte order mark": (b"\xef\xbb\xbf" + GOOD, False),
+    "null line first": (lines(b"null", line(op_id=2)), False),
+    "null line later": (lines(line(op_id=1), b"null"), False),
+    "empty object": (lines(line(op_id=1), b"{}"), False),
+    "missing required field": (lines(line(op_id=1), line(op_id=None)), False),
+    "not UTF-8 in an ignored field": (
+        lines(line(op_id=1)[:-1] + b',"junk":"\xff\xfe"}'),
+        False,
+    ),
+    "not UTF-8 in a column": (lines(line(producer="X").replace(b'"X"', b'"\xc3"')), False),
+    "lone surrogate escape": (lines(line(producer="X").replace(b'"X"', b'"\\ud800"')), False),
+    **{
+        f"{token.decode()} for a double": (
+            lines(line(deadline=0).replace(b'"deadline":0', b'"deadline":' + token)),
+            False,
+        )
+        for token in (b"NaN", b"Infinity", b"-Infinity", b"Inf", b"-Inf", b"+Infinity", b"nan")
+    },
+    "single quotes": (lines(line().replace(b'"op_id"', b"'op_id'")), False),
+    "text after the object": (lines(line() + b" x"), False),
+    "a comment": (lines(line() + b" // note"), False),
+    "duplicate key": (lines(line()[:-1] + b',"op_id":9}'), False),
+    "number for a string": (lines(line(producer=5)), False),
+    "object for a string": (lines(line(producer={"a": 1})), False),
+    "list in keys": (lines(line(keys=[["a"]])), False),
+    "too large a double": (
+        lines(line(deadline=0).replace(b'"deadline":0', b'"deadline":1e400')),
+        False,
+    ),
+    "op_id out of range": (lines(line(op_id=2**63)), False),
+    "fractional op_id": (lines(line(op_id=1.0)), False),
+    "a top-level array": (lines(b"[" + line() + b"]"), False),
+    "a line longer than a parse block": (
+        lines(line(op_id=1), line(op_id=2, error="x" * (staging.BLOCK_BYTES + 10))),
+        True,
+    ),
+}
+
+
+def read_spark_json(spark: Any, path: Path) -> list[str]:
+    """The rows Spark's JSON reader makes of a file, as text (so NaN equals NaN)."""
+    return read_rows(spark, EventFiles([], [str(path)]))
+
+
+def read_staged(spark: Any, files: list[str]) -> list[str]:
+    return read_rows(spark, EventFiles(files, []))
+
+
+def read_rows(spark: Any, files: EventFiles) -> list[str]:
+    rows = read_events(spark, files).drop("_file").collect()
+    return sorted(repr(tuple(row)) for row in rows)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_staged_rows_are_the_rows_spark_reads(spark: Any, tmp_path: Path, name: str) -> None:
+    data, may_stage = CASES[name]
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(data)
+    out = tmp_path / "staged"
+    out.mkdir()
+    staged = staging.stage_json([str(source)], out, 2, REQUIRED)
+    if not staged.parquet:
+        assert not may_stage, staged.description
+        assert staged.description.startswith("parsed by Spark (Arrow's reader refused: ")
+        assert not list(out.iterdir())  # nothing half-staged is left behind
+        return
+    assert may_stage, f"staged a file Arrow reads differently: {name}"
+    expected = read_spark_json(spark, source)
+    # The last column is CORRUPT: Spark found every line sound, as Arrow did.
+    assert all(row.endswith(", None)") for row in expected), expected
+    assert read_staged(spark, staged.parquet) == expected
+
+
+def test_gzip_files_are_staged_whole(spark: Any, tmp_path: Path) -> None:
+    source = tmp_path / "events.jsonl.gz"
+    source.write_bytes(gzip.compress(GOOD))
+    out = tmp_path / "staged"
+    out.mkdir()
+    staged = staging.stage_json([str(source)], out, 2, REQUIRED)
+    assert staged.parquet, staged.description
+    assert read_staged(spark, staged.parquet) == read_spark_json(spark, source)
+
+
+def test_ranges_of_a_file_tile_it_without_loss_or_repeat(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split points fall mid-line, on a line start and at the end: every line once."""
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(lines(*(line(op_id=index, error="e" * (index % 7)) for index in range(60))))
+    first = len(line(op_id=0, error="")) + 1
+    for split in (first, 97, 1000, source.stat().st_size):
+        monkeypatch.setattr(staging, "SPLIT_BYTES", split)
+        out = tmp_path / f"staged-{split}"
+        out.mkdir()
+        staged = staging.stage_json([str(source)], out, 2, REQUIRED)
+        assert staged.parquet, staged.description
+        assert read_staged(spark, staged.parquet) == read_spark_json(spark, source), split
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 64])
+def test_line_check_holds_across_every_read_size(size: int) -> None:
+    text = "é☃".encode()
+    data = lines(line(op_id=1, producer=text.decode()), line(op_id=2), line(op_id=3))
+    check = staging._LineCheck(io.BytesIO(data), 0, None)
+    while check.read(size):
+        pass
+    assert check.lines == 3
+    for bad in (
+        data.replace(b"}\n{", b"}\n\n{", 1),
+        data.replace(b"}\n{", b"} \n{", 1),
+        data.replace(b"}\n{", b"}\n {", 1),
+        data[:-2] + b"\n",
+        b" " + data,
+        data.replace(text, text[:-1] + b"x", 1),  # a character cut short
+        data[:-1] + b"\xe2",  # ends inside a character
+    ):
+        check = staging._LineCheck(io.BytesIO(bad), 0, None)
+        with pytest.raises(staging.StagingRefused):
+            while check.read(size):
+                pass
+
+
+def test_a_staging_that_cannot_write_leaves_the_json_to_spark(tmp_path: Path) -> None:
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(GOOD)
+    staged = staging.stage_json([str(source)], tmp_path / "missing" / "dir", 1, REQUIRED)
+    assert staged.parquet == []
+    assert "refused" in staged.description
+
+
+def test_an_unusable_local_dir_leaves_the_json_to_spark(tmp_path: Path) -> None:
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(GOOD)
+    begun = staging.Staging([str(source)], 1, REQUIRED, str(tmp_path / "no" / "such" / "dir"))
+    assert begun.result().parquet == []
+    assert "no staging directory" in begun.result().description
+    begun.close()
+
+
+def test_empty_files_are_not_staged(tmp_path: Path) -> None:
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(b"")
+    staged = staging.stage_json([str(source)], tmp_path, 1, REQUIRED)
+    assert staged.parquet == []
+
+
+def test_reader_choice_names_a_bad_value() -> None:
+    assert staging.reader_choice(" Spark ") == "spark"
+    with pytest.raises(
+        Exception, match=r"spark\.purgatory\.jsonReader must be one of arrow, spark, got 'duckdb'"
+    ):
+        staging.reader_choice("duckdb")
+
+
+def report_run_section(out: Path) -> str:
+    text = (out / "report.md").read_text()
+    return text[text.index("## Run") :]
+
+
+def test_the_report_stages_json_and_says_so(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "a.jsonl").write_bytes(GOOD)
+    staging_parent = tmp_path / "tmp"
+    staging_parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging_parent))
+    assert main([str(events), "--out", str(tmp_path / "out")], spark=spark) == 0
+    assert "parsed by Arrow into Parquet" in report_run_section(tmp_path / "out")
+    assert list(staging_parent.iterdir()) == []  # the staged files are gone
+
+    spark.conf.set(staging.JSON_READER_CONF, "spark")
+    try:
+        assert main([str(events), "--out", str(tmp_path / "out2")], spark=spark) == 0
+    finally:
+        spark.conf.unset(staging.JSON_READER_CONF)
+    run = report_run_section(tmp_path / "out2")
+    assert f"parsed by Spark ({staging.JSON_READER_CONF}=spark)" in run
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary == json.loads((tmp_path / "out2" / "summary.json").read_text())
+
+
+def test_a_refused_log_reports_as_before(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "a.jsonl").write_bytes(lines(b"null", line(op_id=2)))
+    assert main([str(events), "--out", str(tmp_path / "out")], spark=spark) == 1
+    err = capsys.readouterr().err
+    assert "a.jsonl line 1: " in err, err
+    assert "Traceback" not in err
+
+
+def test_a_bad_reader_value_fails_before_spark_starts(tmp_path: Path, capsys: Any) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "a.jsonl").write_bytes(GOOD)
+    args = [
+        str(events),
+        "--out",
+        str(tmp_path / "out"),
+        "--conf",
+        f"{staging.JSON_READER_CONF}=fast",
+    ]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"purgatory-report: error: {staging.JSON_READER_CONF} must be one of arrow, spark, "
+        "got 'fast'"
+    )
