@@ -10,6 +10,7 @@ REPORT_DIR``, or from Python::
     report = run("events/", "report/", spark=create_session("local[2]"))
 
 Modules: :mod:`~.inputs` (find, check, read the files), :mod:`~.metrics` (the
-Spark aggregations), :mod:`~.report` (a run), :mod:`~.render` and
-:mod:`~.charts` (``report.md`` and its PNGs), :mod:`~.session`, :mod:`~.cli`.
+Spark aggregations), :mod:`~.report` (a run), :mod:`~.staging` (local JSON Lines
+parsed by Arrow), :mod:`~.render` and :mod:`~.charts` (``report.md`` and its PNGs),
+:mod:`~.session`, :mod:`~.cli`.
 """
