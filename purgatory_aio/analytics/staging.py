@@ -32,15 +32,18 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import gzip
 import io
-import multiprocessing
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -326,29 +329,98 @@ def stage_json(
         return StagedJson([], "parsed by Spark (the files are empty)")
     workers = max(1, min(workers, len(tasks)))
     try:
-        # spawn: the driver runs py4j and JVM threads, which a fork would copy mid-flight.
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = sum(pool.map(_convert, tasks))
+        rows = _run_workers(tasks, workers, directory)
     except Exception as exc:  # every failure means "let Spark parse it"
         reason = _reason(exc)
         _log.info("json_staging_refused", reason=reason, files=len(paths))
-        for part in directory.glob("part-*.parquet"):
+        for part in directory.glob("*"):
             part.unlink(missing_ok=True)
         return StagedJson([], f"parsed by Spark (Arrow's reader refused: {reason})")
     seconds = time.perf_counter() - started
     _log.info("json_staged", files=len(paths), rows=rows, seconds=round(seconds, 2))
+    processes = f"{workers} worker process{'es' if workers > 1 else ''}"
     return StagedJson(
         [task.out for task in tasks if os.path.exists(task.out)],
-        f"parsed by Arrow into Parquet in {seconds:.1f} s ({workers} worker processes, "
-        f"{rows:,} events); Spark read the Parquet",
+        f"parsed by Arrow into Parquet in {seconds:.1f} s ({processes}, {rows:,} events); "
+        "Spark read the Parquet",
     )
 
 
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if type(exc).__name__ == "BrokenProcessPool":
-        return "a worker process died"
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+#: Exit status of a worker that refused its ranges or failed on them (it says why).
+_REFUSED = 3
+
+
+def _run_workers(tasks: list[_Task], workers: int, directory: Path) -> int:
+    """Run ``tasks`` on ``workers`` processes; the rows staged.
+
+    Each worker is ``python -m purgatory_aio.analytics.staging TASKS_FILE``: a fresh
+    interpreter on the caller's ``sys.path`` that imports only this module. (A
+    multiprocessing pool's spawned workers would import the caller's ``__main__``
+    again: a script without a ``__main__`` guard would run its whole report once per
+    worker.)
+
+    Raises:
+        StagingRefused: A worker refused a range, failed, or died.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    running: list[subprocess.Popen[bytes]] = []
+    try:
+        for index in range(workers):
+            share = directory / f"tasks-{index}.json"
+            share.write_text(
+                json.dumps([dataclasses.astuple(task) for task in tasks[index::workers]])
+            )
+            running.append(
+                subprocess.Popen(
+                    [sys.executable, "-P", "-m", __name__, str(share)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                )
+            )
+        rows = 0
+        for worker in running:
+            out, err = worker.communicate()
+            if worker.returncode != 0:
+                raise StagingRefused(_worker_failure(worker.returncode, out, err))
+            rows += int(json.loads(out.splitlines()[-1])["rows"])
+        return rows
+    finally:
+        for worker in running:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
+def _worker_failure(status: int, out: bytes, err: bytes) -> str:
+    if status == _REFUSED:
+        with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
+            return str(json.loads(out.splitlines()[-1])["refused"])
+    if status < 0:
+        return f"a worker process died (signal {-status})"
+    last = err.decode("utf-8", "replace").strip().splitlines()
+    return f"a worker process failed (exit status {status}{': ' + last[-1] if last else ''})"
+
+
+def _work(tasks_file: str) -> int:
+    """A worker process: stage the tasks listed in ``tasks_file``; the exit status."""
+    try:
+        listed = json.loads(Path(tasks_file).read_text())
+        tasks = [
+            _Task(path, start, end, out, tuple(required))
+            for path, start, end, out, required in listed
+        ]
+        rows = sum(_convert(task) for task in tasks)
+    except Exception as exc:  # the parent falls back to Spark on any of them
+        print(json.dumps({"refused": _reason(exc)}), flush=True)
+        return _REFUSED
+    print(json.dumps({"rows": rows}), flush=True)
+    return 0
 
 
 def staging_directory(local_dirs: str | None) -> Path:
@@ -401,3 +473,7 @@ class Staging:
         finally:
             if self.directory is not None:
                 remove(self.directory)
+
+
+if __name__ == "__main__":
+    sys.exit(_work(sys.argv[1]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -283,3 +285,29 @@ def test_a_bad_reader_value_fails_before_spark_starts(tmp_path: Path, capsys: An
         f"purgatory-report: error: {staging.JSON_READER_CONF} must be one of arrow, spark, "
         "got 'fast'"
     )
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path: Path) -> None:
+    """The workers import only the staging module, never the caller's ``__main__``."""
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(GOOD)
+    ran = tmp_path / "ran.txt"
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from purgatory_aio.analytics import staging\n"
+        "from purgatory_aio.analytics.inputs import REQUIRED\n"
+        f"with open({str(ran)!r}, 'a') as marks:\n"
+        "    marks.write('ran\\n')\n"
+        f"out = Path({str(tmp_path / 'staged')!r})\n"
+        "out.mkdir()\n"
+        f"staged = staging.stage_json([{str(source)!r}], out, 2, REQUIRED)\n"
+        "print(len(staged.parquet), staged.description)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]  # after the library's structlog lines
+    assert last.startswith("1 parsed by Arrow into Parquet"), done.stdout
+    assert ran.read_text() == "ran\n"
