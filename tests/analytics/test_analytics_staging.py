@@ -311,3 +311,15 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path: Path) -> None:
     last = done.stdout.strip().splitlines()[-1]  # after the library's structlog lines
     assert last.startswith("1 parsed by Arrow into Parquet"), done.stdout
     assert ran.read_text() == "ran\n"
+
+
+def test_a_failed_worker_is_described_in_one_line() -> None:
+    refused = json.dumps({"refused": "a line does not end with '}'"}).encode()
+    assert (
+        staging._worker_failure(3, b"log line\n" + refused, b"") == "a line does not end with '}'"
+    )
+    assert staging._worker_failure(-11, b"", b"") == "a worker process died (signal 11)"
+    assert staging._worker_failure(1, b"", b"Traceback\nMemoryError\n") == (
+        "a worker process failed (exit status 1: MemoryError)"
+    )
+    assert staging._worker_failure(3, b"not json", b"") == "a worker process failed (exit status 3)"
