@@ -323,3 +323,18 @@ def test_a_failed_worker_is_described_in_one_line() -> None:
         "a worker process failed (exit status 1: MemoryError)"
     )
     assert staging._worker_failure(3, b"not json", b"") == "a worker process failed (exit status 3)"
+
+
+def test_too_little_disk_leaves_the_json_to_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(GOOD)
+    out = tmp_path / "staged"
+    out.mkdir()
+    monkeypatch.setattr(staging, "_STAGED_SHARE", 1e15)  # more than any disk holds
+    staged = staging.stage_json([str(source)], out, 1, REQUIRED)
+    assert staged.parquet == []
+    assert "MiB to stage" in staged.description
+    assert "set spark.local.dir to a larger disk" in staged.description
+    assert list(out.iterdir()) == []
