@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -156,6 +157,7 @@ class _LineCheck(io.RawIOBase):
         if stop is not None:  # a plain file, where finding the range moved the position
             raw.seek(begin)
         self._newlines = 0
+        self.size = 0  # bytes read
         self._last = -1  # the previous byte read, -1 before the first
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self._ended = False
@@ -170,6 +172,7 @@ class _LineCheck(io.RawIOBase):
         data = self._raw.read(want) if want else b""
         if self._left is not None:
             self._left -= len(data)
+        self.size += len(data)
         if data:
             self._check(data)
         elif not self._ended:
@@ -193,6 +196,10 @@ class _LineCheck(io.RawIOBase):
         view = np.frombuffer(data, np.uint8)
         if self._last in (-1, _NEWLINE) and view[0] != _OPEN:
             raise StagingRefused("a line does not start with '{'")
+        if b"\r" in data:
+            # A line end to Spark (as \n and \r\n), whitespace to JSON: an object with a
+            # \r between two fields is one row to Arrow and two corrupt lines to Spark.
+            raise StagingRefused("a carriage return (a line end to Spark)")
         at = np.flatnonzero(view == _NEWLINE)
         if at.size:
             before = view[at[at > 0] - 1]
@@ -260,13 +267,18 @@ def _convert(task: _Task) -> int:
                 return 0
             raw = plain
         source = _LineCheck(raw, begin, stop)
-        reader = pa_json.open_json(
-            source,
-            read_options=pa_json.ReadOptions(block_size=BLOCK_BYTES, use_threads=False),
-            parse_options=pa_json.ParseOptions(
-                explicit_schema=ARROW_SCHEMA, unexpected_field_behavior="ignore"
-            ),
-        )
+        try:
+            reader = pa_json.open_json(
+                source,
+                read_options=pa_json.ReadOptions(block_size=BLOCK_BYTES, use_threads=False),
+                parse_options=pa_json.ParseOptions(
+                    explicit_schema=ARROW_SCHEMA, unexpected_field_behavior="ignore"
+                ),
+            )
+        except pa.ArrowInvalid:
+            if source.read() == b"" and source.size == 0:  # an empty .gz: no rows
+                return 0
+            raise
         rows = 0
         pending: list[pa.RecordBatch] = []
         with pq.ParquetWriter(task.out, ARROW_SCHEMA, **_WRITE_OPTIONS) as writer:
@@ -317,7 +329,11 @@ def _tasks(paths: Sequence[str], directory: Path, required: tuple[str, ...]) -> 
 
 
 def stage_json(
-    paths: Sequence[str], directory: Path, workers: int, required: Sequence[str]
+    paths: Sequence[str],
+    directory: Path,
+    workers: int,
+    required: Sequence[str],
+    cancel: threading.Event | None = None,
 ) -> StagedJson:
     """Parse local JSON Lines files into Parquet under ``directory`` with Arrow.
 
@@ -327,21 +343,22 @@ def stage_json(
         workers: Worker processes (the cores Spark will use).
         required: Columns every event has a value for: a null in one of them
             leaves the log to Spark (see the module's notes).
+        cancel: Set to stop the workers and leave the log to Spark.
 
     Returns:
         The staged files, or none when Arrow cannot be trusted with one of the
         files (or fails, or the disk fills): then Spark parses the JSON itself.
     """
     started = time.perf_counter()
-    tasks = _tasks(paths, directory, tuple(required))
-    if not tasks:  # only empty files: nothing to gain
-        return StagedJson([], "parsed by Spark (the files are empty)")
-    workers = max(1, min(workers, len(tasks)))
     try:
+        tasks = _tasks(paths, directory, tuple(required))  # a file gone since: Spark's
+        if not tasks:  # only empty files: nothing to gain
+            return StagedJson([], "parsed by Spark (the files are empty)")
+        workers = max(1, min(workers, len(tasks)))
         if (short := _space_short(paths, directory)) is not None:
             _log.info("json_staging_skipped", reason=short, files=len(paths))
             return StagedJson([], f"parsed by Spark ({short})")
-        rows = _run_workers(tasks, workers, directory)
+        rows = _run_workers(tasks, workers, directory, cancel)
     except Exception as exc:  # every failure means "let Spark parse it"
         reason = _reason(exc)
         _log.info("json_staging_refused", reason=reason, files=len(paths))
@@ -391,7 +408,9 @@ def _reason(exc: BaseException) -> str:
 _REFUSED = 3
 
 
-def _run_workers(tasks: list[_Task], workers: int, directory: Path) -> int:
+def _run_workers(
+    tasks: list[_Task], workers: int, directory: Path, cancel: threading.Event | None
+) -> int:
     """Run ``tasks`` on ``workers`` processes; the rows staged.
 
     Each worker is ``python -m purgatory_aio.analytics.staging TASKS_FILE``: a fresh
@@ -401,7 +420,7 @@ def _run_workers(tasks: list[_Task], workers: int, directory: Path) -> int:
     worker.)
 
     Raises:
-        StagingRefused: A worker refused a range, failed, or died.
+        StagingRefused: A worker refused a range, failed, or died, or ``cancel`` was set.
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
     running: dict[int, subprocess.Popen[bytes]] = {}
@@ -421,6 +440,8 @@ def _run_workers(tasks: list[_Task], workers: int, directory: Path) -> int:
                 )
         rows = 0
         while running:
+            if cancel is not None and cancel.is_set():
+                raise StagingRefused("cancelled")
             # The first worker to fail ends the staging at once (the others are killed).
             for index, worker in list(running.items()):
                 if (status := worker.poll()) is None:
@@ -500,6 +521,7 @@ class Staging:
         self.paths = tuple(paths)
         self.directory: Path | None = None
         self._result: Future[StagedJson] = Future()
+        self._cancel = threading.Event()
         try:
             self.directory = staging_directory(local_dirs)
         except OSError as exc:
@@ -507,7 +529,9 @@ class Staging:
             self._result.set_result(StagedJson([], f"parsed by Spark ({reason})"))
             return
         pool = ThreadPoolExecutor(1, thread_name_prefix="purgatory-report-staging")
-        self._result = pool.submit(stage_json, self.paths, self.directory, workers, required)
+        self._result = pool.submit(
+            stage_json, self.paths, self.directory, workers, required, self._cancel
+        )
         pool.shutdown(wait=False)
 
     def result(self) -> StagedJson:
@@ -515,7 +539,8 @@ class Staging:
         return self._result.result()
 
     def close(self) -> None:
-        """Wait for the staging to end, then remove everything it staged."""
+        """Stop the staging if it still runs, then remove everything it staged."""
+        self._cancel.set()
         try:
             with contextlib.suppress(Exception):  # only the directory matters now
                 self._result.result()

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,10 @@ CASES: dict[str, tuple[bytes, bool]] = {
     "blank line": (line(op_id=1) + b"\n\n" + line(op_id=2) + b"\n", False),
     "whitespace line": (line(op_id=1) + b"\n   \n" + line(op_id=2) + b"\n", False),
     "indented line": (lines(line(op_id=1), b"  " + line(op_id=2)), False),
+    "a carriage return inside an object": (
+        lines(line(op_id=1), line(op_id=2).replace(b',"op_type"', b',\r"op_type"')),
+        False,
+    ),
     "crlf line ends": (line(op_id=1) + b"\r\n" + line(op_id=2) + b"\r\n", False),
     "cr line ends": (line(op_id=1) + b"\r" + line(op_id=2) + b"\r", False),
     "byte order mark": (b"\xef\xbb\xbf" + GOOD, False),
@@ -337,4 +342,35 @@ def test_too_little_disk_leaves_the_json_to_spark(
     assert staged.parquet == []
     assert "MiB to stage" in staged.description
     assert "set spark.local.dir to a larger disk" in staged.description
+    assert list(out.iterdir()) == []
+
+
+def test_an_empty_gzip_file_is_no_rows(spark: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "a.jsonl.gz"
+    empty.write_bytes(gzip.compress(b""))
+    source = tmp_path / "b.jsonl"
+    source.write_bytes(GOOD)
+    out = tmp_path / "staged"
+    out.mkdir()
+    staged = staging.stage_json([str(empty), str(source)], out, 2, REQUIRED)
+    assert staged.parquet, staged.description
+    assert read_staged(spark, staged.parquet) == read_spark_json(spark, source)
+
+
+def test_a_file_gone_before_staging_leaves_the_json_to_spark(tmp_path: Path) -> None:
+    staged = staging.stage_json([str(tmp_path / "gone.jsonl")], tmp_path, 1, REQUIRED)
+    assert staged.parquet == []
+    assert "gone.jsonl" in staged.description
+
+
+def test_a_cancelled_staging_leaves_the_json_to_spark(tmp_path: Path) -> None:
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(GOOD)
+    out = tmp_path / "staged"
+    out.mkdir()
+    cancel = threading.Event()
+    cancel.set()
+    staged = staging.stage_json([str(source)], out, 1, REQUIRED, cancel)
+    assert staged.parquet == []
+    assert staged.description == "parsed by Spark (Arrow's reader refused: cancelled)"
     assert list(out.iterdir()) == []
