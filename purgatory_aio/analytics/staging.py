@@ -2,19 +2,22 @@
 
 Spark parses JSON row by row (Jackson), and then must cache the parsed rows because
 the figures take several scans: at 10M events (2.4 GB, ``local[2]``) the parse and the
-cache were 22 s of a 47 s report. Arrow's reader parses the same files in about 9 s
+cache were 22 s of a 47 s report. Arrow's reader parses the same files in about 10 s
 on two processes, and Spark then reads the staged Parquet like any Parquet log: only
-the columns each query needs, nothing cached.
+the columns each query needs, nothing cached (33.4 s for the report).
 
 Arrow must read a file exactly as Spark would, or not at all. Probing both readers
 line by line showed Arrow stricter where Spark is lenient (single quotes, a
 number where a string belongs, trailing text after an object: Arrow fails, and the
-log falls back to Spark, which reads them as it always did) and looser in four
+log falls back to Spark, which reads them as it always did) and looser in five
 places, each checked here on the raw bytes or the parsed rows:
 
 * several objects on one line are several rows to Arrow, one (the first) to Spark,
   and an object may span lines for Arrow: every newline must sit between ``}`` and
   ``{`` and there must be as many rows as lines (see :class:`_LineCheck`);
+* a carriage return ends a line for Spark and is whitespace to JSON: an object with
+  one between two fields is one row to Arrow and two corrupt lines to Spark, so no
+  ``\\r`` may occur at all (Windows line ends included);
 * a line ``null`` is a row of nulls to Arrow, a corrupt line to Spark: a staged log
   must leave no required column null (such a log fails the report anyway, and
   Spark's own parse then names the file);
@@ -23,9 +26,10 @@ places, each checked here on the raw bytes or the parsed rows:
   finite times (NaN and Infinity, which both read, go to Spark too).
 
 A file whose first line is ``null`` crashes Arrow's reader (pyarrow 26); the files
-are therefore converted in worker processes, and a worker that dies is one more
-reason to fall back, never a dead report. Anything that goes wrong while staging
-(a full disk included) leaves Spark to parse the JSON itself, as before.
+are therefore converted in worker processes (see :func:`_run_workers`), and a worker
+that dies is one more reason to fall back, never a dead report. Anything that goes
+wrong while staging (too little disk, a file gone) leaves Spark to parse the JSON
+itself, as before.
 """
 
 from __future__ import annotations
