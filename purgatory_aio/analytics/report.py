@@ -135,7 +135,11 @@ def _stage_json(
         if begun is not None:
             begun.close()
         begun = staging.Staging(paths, cores, REQUIRED, spark.conf.get("spark.local.dir", None))
-    staged = begun.result()
+    try:
+        staged = begun.result()
+    except BaseException:  # interrupted while waiting: the staging is this run's to remove
+        begun.close()
+        raise
     if not staged.parquet:
         return files, staged.description, begun
     # Staged rows leave no required column null (or the log goes to Spark).

@@ -374,3 +374,24 @@ def test_a_cancelled_staging_leaves_the_json_to_spark(tmp_path: Path) -> None:
     assert staged.parquet == []
     assert staged.description == "parsed by Spark (Arrow's reader refused: cancelled)"
     assert list(out.iterdir()) == []
+
+
+def test_a_run_interrupted_while_staging_removes_the_staging(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from purgatory_aio.analytics import report
+
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "a.jsonl").write_bytes(GOOD)
+    staging_parent = tmp_path / "tmp"
+    staging_parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging_parent))
+
+    def interrupted(self: staging.Staging) -> staging.StagedJson:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(staging.Staging, "result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        report.run(str(events), tmp_path / "out", spark=spark)
+    assert list(staging_parent.iterdir()) == []
