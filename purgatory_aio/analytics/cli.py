@@ -235,11 +235,11 @@ def _begin_staging(master: str | None, conf: dict[str, str], paths: list[str]) -
     """Local JSON Lines parsed by Arrow from now on when Spark will run on this machine."""
     from purgatory_aio.analytics import inputs, session, staging
 
-    if staging.reader_choice(conf.get(staging.JSON_READER_CONF, "arrow")) == "spark":
-        return None
+    reader = conf.get(staging.JSON_READER_CONF, "arrow")
     if master is None and session.under_spark_submit():
+        staging.reader_choice(reader)  # a bad value still fails before the JVM starts
         return None  # spark-submit's master is only known once the session runs
-    cores = session.local_cores(master or session.DEFAULT_MASTER)
+    cores, _ = staging.arrow_workers(reader, master or session.DEFAULT_MASTER)
     if cores is None:
         return None
     return staging.Staging(paths, cores, inputs.REQUIRED, conf.get("spark.local.dir"))

@@ -46,7 +46,7 @@ from purgatory_aio.analytics.output import ReportOutput, check_local_target
 from purgatory_aio.analytics.quality import REASON, REASONS, Quality
 from purgatory_aio.analytics.quality import reason as quality_reason
 from purgatory_aio.analytics.render import render_markdown
-from purgatory_aio.analytics.session import describe_run, local_cores
+from purgatory_aio.analytics.session import describe_run
 from purgatory_aio.events import COLUMNS, OUTCOMES
 
 try:
@@ -121,13 +121,10 @@ def _stage_json(
     """Local JSON Lines files parsed by Arrow into Parquet (see :mod:`~.staging`) when
     Spark runs on this machine: the files to read, what the run section says about the
     JSON Lines, and the staging to close when the run ends."""
-    chosen = staging.reader_choice(str(spark.conf.get(staging.JSON_READER_CONF, "arrow")))
-    cores = local_cores(str(spark.sparkContext.master))
-    if chosen == "spark":
-        return files, f"parsed by Spark ({staging.JSON_READER_CONF}=spark)", begun
+    reader = str(spark.conf.get(staging.JSON_READER_CONF, "arrow"))
+    cores, spark_parses = staging.arrow_workers(reader, str(spark.sparkContext.master))
     if cores is None:
-        # Executors elsewhere could not read a staging directory on the driver.
-        return files, "parsed by Spark (not a local master)", begun
+        return files, str(spark_parses), begun
     if not all(inputs.is_local(path) for path in files.json):
         return files, "parsed by Spark (the files are not on this machine)", begun
     paths = [str(inputs.local_path(path)) for path in files.json]

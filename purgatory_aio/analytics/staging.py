@@ -129,6 +129,28 @@ def reader_choice(value: str) -> str:
     return chosen
 
 
+def arrow_workers(reader: str, master: str) -> tuple[int, None] | tuple[None, str]:
+    """Whether Arrow parses the JSON Lines for a run on ``master``: its worker processes,
+    or why Spark parses them (as the run section says it).
+
+    Args:
+        reader: The :data:`JSON_READER_CONF` value (``arrow`` unless set).
+        master: The Spark master URL the report runs on.
+
+    Raises:
+        ReportError: ``reader`` is not one of :data:`JSON_READERS`.
+    """
+    from purgatory_aio.analytics.session import local_cores
+
+    if reader_choice(reader) == "spark":
+        return None, f"parsed by Spark ({JSON_READER_CONF}=spark)"
+    cores = local_cores(master)
+    if cores is None:
+        # Executors elsewhere could not read a staging directory on the driver.
+        return None, "parsed by Spark (not a local master)"
+    return cores, None
+
+
 class StagingRefused(Exception):
     """A file Arrow would not read exactly as Spark does: Spark parses the log."""
 

@@ -239,15 +239,21 @@ def report_run_section(out: Path) -> str:
     return text[text.index("## Run") :]
 
 
-def test_the_report_stages_json_and_says_so(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def json_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A one-file JSON Lines log, and the empty directory staging goes under."""
     events = tmp_path / "events"
     events.mkdir()
     (events / "a.jsonl").write_bytes(GOOD)
     staging_parent = tmp_path / "tmp"
     staging_parent.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(staging_parent))
+    return events, staging_parent
+
+
+def test_the_report_stages_json_and_says_so(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events, staging_parent = json_log(tmp_path, monkeypatch)
     assert main([str(events), "--out", str(tmp_path / "out")], spark=spark) == 0
     assert "parsed by Arrow into Parquet" in report_run_section(tmp_path / "out")
     assert list(staging_parent.iterdir()) == []  # the staged files are gone
@@ -381,12 +387,7 @@ def test_a_run_interrupted_while_staging_removes_the_staging(
 ) -> None:
     from purgatory_aio.analytics import report
 
-    events = tmp_path / "events"
-    events.mkdir()
-    (events / "a.jsonl").write_bytes(GOOD)
-    staging_parent = tmp_path / "tmp"
-    staging_parent.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(staging_parent))
+    events, staging_parent = json_log(tmp_path, monkeypatch)
 
     def interrupted(self: staging.Staging) -> staging.StagedJson:
         raise KeyboardInterrupt
