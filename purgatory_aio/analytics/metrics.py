@@ -10,10 +10,14 @@ most 100 positions off among a million.
 
 from __future__ import annotations
 
+from typing import Any
+
 from purgatory_aio.analytics.errors import missing_dependency
 from purgatory_aio.events import OUTCOMES
 
 try:
+    import pyarrow as pa
+    import pyarrow.compute as pc
     from pyspark.sql import Column, DataFrame, Window
     from pyspark.sql import functions as F
 except ImportError as exc:
@@ -140,32 +144,39 @@ def partial_aggregates(valid: Column | None = None) -> list[Column]:
     ]
 
 
-def group_figures() -> list[Column]:
-    """The figures of a whole (purgatory, op_type) from :func:`partial_aggregates`.
+#: How each column of :func:`partial_aggregates` adds up over the partials of a group
+#: (a Spark and a pyarrow aggregate function alike); see :func:`group_figures`.
+PARTIAL_REDUCTIONS: dict[str, str] = {
+    "count": "sum",
+    **{outcome: "sum" for outcome in OUTCOMES},
+    "latency_sum": "sum",
+    "latency_min": "min",
+    "latency_max": "max",
+    "lateness_max": "max",
+    "first_settled_at": "min",
+    "last_settled_at": "max",
+    "timeout_sum": "sum",
+    "timeout_min": "min",
+    "timeout_max": "max",
+    **{f"_would_{index}": "sum" for index in range(len(WHATIF_FRACTIONS))},
+}
 
-    Columns: ``count``, one count per outcome, ``latency_mean``/``_min``/``_max``,
-    ``lateness_max``, ``first_settled_at``/``last_settled_at``,
-    ``timeout_min``/``_mean``/``_max`` and ``would_expire`` (one count per
-    fraction of :data:`WHATIF_FRACTIONS`).
-    """
-    total = F.sum("count")
-    completed = F.sum("completed")
-    return [
-        total.alias("count"),
-        *(F.sum(outcome).alias(outcome) for outcome in OUTCOMES),
-        (F.sum("latency_sum") / F.when(completed > 0, completed)).alias("latency_mean"),
-        F.min("latency_min").alias("latency_min"),
-        F.max("latency_max").alias("latency_max"),
-        F.max("lateness_max").alias("lateness_max"),
-        F.min("first_settled_at").alias("first_settled_at"),
-        F.max("last_settled_at").alias("last_settled_at"),
-        F.min("timeout_min").alias("timeout_min"),
-        (F.sum("timeout_sum") / F.when(total > 0, total)).alias("timeout_mean"),
-        F.max("timeout_max").alias("timeout_max"),
-        F.array(*(F.sum(f"_would_{i}") for i in range(len(WHATIF_FRACTIONS)))).alias(
-            "would_expire"
-        ),
-    ]
+
+def group_figures(totals: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a whole (purgatory, op_type) from its partials added up by
+    :data:`PARTIAL_REDUCTIONS`: the totals, plus ``latency_mean``, ``timeout_mean``
+    (null without operations to average) and ``would_expire`` (one count per fraction
+    of :data:`WHATIF_FRACTIONS`)."""
+
+    def mean(total: float | None, count: int) -> float | None:
+        return None if total is None or not count else total / count
+
+    return {
+        **totals,
+        "latency_mean": mean(totals["latency_sum"], int(totals["completed"])),
+        "timeout_mean": mean(totals["timeout_sum"], int(totals["count"])),
+        "would_expire": [int(totals[f"_would_{i}"]) for i in range(len(WHATIF_FRACTIONS))],
+    }
 
 
 #: Column of :func:`percentile_input`: what a percentile of a settled operation is about.
@@ -210,6 +221,20 @@ def per_second(partials: DataFrame) -> DataFrame:
         F.col("count").alias("settled"),
         *OUTCOMES,
     )
+
+
+def per_second_table(partials: pa.Table) -> pa.Table:
+    """:func:`per_second` of partials collected to the driver, as an Arrow table."""
+    rows = partials.filter(pc.is_valid(partials[SECOND]))
+    seconds = rows[SECOND]
+    columns: dict[str, Any] = {
+        **{name: rows[name] for name in GROUP},
+        SECOND: seconds,
+        "time": pc.multiply(seconds, 1_000_000).cast(pa.timestamp("us")),
+        "settled": rows["count"],
+        **{outcome: rows[outcome] for outcome in OUTCOMES},
+    }
+    return pa.table(columns)
 
 
 #: Key lists up to this long are deduplicated by a scan of the list (see :func:`key_stats`).
@@ -282,6 +307,7 @@ def timeline(per_second_table: DataFrame, start: int, bin_seconds: int) -> DataF
     Returns:
         Columns ``purgatory``, ``op_type``, ``bin`` (index from ``start``),
         ``settled``, ``expired`` and ``peak`` (the most settled in one second of the bin).
+        :func:`timeline_rows` computes the same on the driver.
     """
     index = F.floor((F.col("second") - F.lit(start)) / F.lit(bin_seconds)).cast("long")
     return per_second_table.groupBy(*GROUP, index.alias("bin")).agg(
@@ -289,3 +315,17 @@ def timeline(per_second_table: DataFrame, start: int, bin_seconds: int) -> DataF
         F.sum("expired").alias("expired"),
         F.max("settled").alias("peak"),
     )
+
+
+def timeline_rows(per_second: pa.Table, start: int, bin_seconds: int) -> list[dict[str, Any]]:
+    """:func:`timeline` of a :func:`per_second_table` (whose seconds are at or after
+    ``start``), as rows."""
+    binned = per_second.append_column(
+        "bin", pc.divide(pc.subtract(per_second[SECOND], start), bin_seconds)
+    )
+    table = binned.group_by([*GROUP, "bin"]).aggregate(
+        [("settled", "sum"), ("expired", "sum"), ("settled", "max")]
+    )
+    names = {"settled_sum": "settled", "expired_sum": "expired", "settled_max": "peak"}
+    rows: list[dict[str, Any]] = table.rename_columns(names).to_pylist()
+    return rows

@@ -12,10 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 from purgatory_aio.analytics import charts, inputs, metrics, staging
 from purgatory_aio.analytics.anomalies import find_windows
@@ -56,6 +59,8 @@ try:
     from pyspark.sql import functions as F
 except ImportError as exc:
     raise missing_dependency(exc) from exc
+
+_T = TypeVar("_T")
 
 #: Chart bins: the timelines are cut into at most this many bins.
 TIMELINE_BINS = 600
@@ -178,26 +183,185 @@ def _run(spark: SparkSession, files: EventFiles, asked: _Asked) -> Report:
         # the columns it needs.
         records = records.persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(records)
+    output = ReportOutput(asked.location, spark)
     try:
-        check_identities(records, quality)
-        if quality.duplicates:
-            # Rare: collapse exact copies (a full shuffle of every column), once.
-            unique = (
-                records.groupBy(*COLUMNS, CORRUPT)
-                .agg(F.count(F.lit(1)).alias(COPIES))
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            )
-            cached.append(unique)
-        else:
-            unique = records.withColumn(COPIES, F.lit(1))
-        unique = unique.withColumn(REASON, quality_reason())
-        # A few rows per second, read again for the throughput table and the timeline.
-        partials = _partials(unique, files.proven_null_free).persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(partials)
-        return _report_from(spark, unique, partials, raw, asked)
+        # Most logs hold no duplicate: the passes start with the identity check, over
+        # the records as they are. A log with duplicates is computed again over its
+        # unique records (the first passes are cancelled).
+        passes = _Passes(
+            spark, records.withColumn(COPIES, F.lit(1)), files, output, asked, check=records
+        )
+        try:
+            assert passes.identities is not None
+            passes.result(passes.identities)
+            if quality.duplicates:
+                passes.cancel()
+                # Rare: collapse exact copies (a full shuffle of every column), once.
+                unique = (
+                    records.groupBy(*COLUMNS, CORRUPT)
+                    .agg(F.count(F.lit(1)).alias(COPIES))
+                    .persist(StorageLevel.MEMORY_AND_DISK)
+                )
+                cached.append(unique)
+                passes = _Passes(spark, unique, files, output, asked)
+            report = _report_from(spark, passes, raw, output, asked)
+        finally:
+            passes.cancel()
+        output.commit()
+        return report
+    except BaseException:
+        output.abort()
+        raise
     finally:
         for frame in cached:
             frame.unpersist()
+
+
+#: Partials (a row per purgatory, op_type and second) up to this many are collected
+#: and finished on the driver, the throughput table written with pyarrow: no Spark
+#: job for the figures, the table or the timeline. A longer log's stay with Spark.
+DRIVER_PARTIALS = 250_000
+
+
+class _Passes:
+    """The passes of one run over its records, started at once, each on a thread.
+
+    On one machine a single job leaves cores idle: while the driver plans it, and
+    while a stage's last tasks run; Spark fills them with the tasks of the other
+    jobs. The passes read only the rows no exclusion reason applies to, so none
+    waits for the counts of another.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        unique: DataFrame,
+        files: EventFiles,
+        output: ReportOutput,
+        asked: _Asked,
+        *,
+        check: DataFrame | None = None,
+    ) -> None:
+        """Start the passes over ``unique``, after :func:`check_identities` of ``check``
+        when given (its job first: the others wait for its verdict)."""
+        self._spark = spark
+        self._group = f"purgatory-report-{uuid.uuid4().hex}"
+        self._started: list[Future[Any]] = []
+        self._lock = threading.Lock()
+        self._failure: BaseException | None = None
+        self._cancelled = False
+        unique = unique.withColumn(REASON, quality_reason())
+        # A few rows per second, read again for the throughput table and the timeline
+        # when there are too many to collect.
+        self.partials = _partials(unique, files.proven_null_free).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+        usable = unique.where(F.col(REASON).isNull()).select(*COLUMNS)
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="purgatory-report-pass")
+        self.identities = (
+            None if check is None else self.start(check_identities, check, asked.quality)
+        )
+        self.figures = self.start(_figures, self.partials)
+        self.curves = self.start(_curves, usable)
+        self.hot_keys = self.start(_hot_keys, spark, usable, output, asked.top_keys)
+
+    def start(self, function: Callable[..., _T], *args: Any) -> Future[_T]:
+        """``function(*args)`` on a thread, its Spark jobs cancelled by :meth:`cancel`."""
+        context = self._spark.sparkContext
+
+        def job() -> _T:
+            context.setJobGroup(self._group, "purgatory report", interruptOnCancel=True)
+            try:
+                return function(*args)
+            except BaseException as exc:
+                # The first failure fails the run at once: the other passes are stopped
+                # (their own errors then are only that).
+                with self._lock:
+                    first = self._failure is None and not self._cancelled
+                    if first:
+                        self._failure = exc
+                if first:
+                    context.cancelJobGroup(self._group)
+                raise
+
+        started = self._pool.submit(job)
+        self._started.append(started)
+        return started
+
+    def result(self, started: Future[_T]) -> _T:
+        """What a pass started by :meth:`start` returned; the first failure of any pass
+        if this one failed."""
+        try:
+            return started.result()
+        except BaseException:
+            with self._lock:
+                first = self._failure
+            if first is not None:
+                raise first from None
+            raise
+
+    def cancel(self) -> None:
+        """Stop what still runs and wait for it (its error, if any, is not this run's)."""
+        with self._lock:
+            self._cancelled = True
+        running = [future for future in self._started if not future.done()]
+        if running:
+            self._spark.sparkContext.cancelJobGroup(self._group)
+        wait(running)
+        self._pool.shutdown(wait=True)
+        self.partials.unpersist()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Figures:
+    """Every plain figure and input check per (purgatory, op_type); and the partials
+    themselves when they are few enough to finish on the driver."""
+
+    rows: list[Row]
+    partials: pa.Table | None
+
+
+def _figures(partials: DataFrame) -> _Figures:
+    checks = [column for column in partials.columns if column.startswith(CHECK_PREFIX)]
+    counted = ["_duplicates", *(f"_x_{name}" for name in REASONS)]
+    reductions = {**metrics.PARTIAL_REDUCTIONS, **{name: "sum" for name in checks + counted}}
+    table = partials.limit(DRIVER_PARTIALS + 1).toArrow()
+    if table.num_rows <= DRIVER_PARTIALS:
+        grouped = table.group_by(list(GROUP)).aggregate(list(reductions.items()))
+        names = {f"{name}_{how}": name for name, how in reductions.items()}
+        totals = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
+        rows = totals.to_pylist()
+    else:
+        aggregates = [getattr(F, how)(name).alias(name) for name, how in reductions.items()]
+        rows = [row.asDict() for row in partials.groupBy(*GROUP).agg(*aggregates).collect()]
+        table = None
+    return _Figures([metrics.group_figures(row) for row in rows], table)
+
+
+def _curves(events: DataFrame) -> dict[tuple[str, str, str], list[float]]:
+    """The percentile curve per (purgatory, op_type, outcome) of the completed and
+    expired operations, in an aggregation of their own, over the rows they describe:
+    percentile_approx's buffers would take every other figure off the hash path."""
+    return {
+        (row["purgatory"], row["op_type"], row["outcome"]): row["curve"]
+        for row in events.where(F.col("outcome").isin("completed", "expired"))
+        .select(*GROUP, "outcome", metrics.percentile_input())
+        .groupBy(*GROUP, "outcome")
+        .agg(*metrics.percentile_aggregates())
+        .collect()
+    }
+
+
+def _hot_keys(spark: SparkSession, events: DataFrame, output: ReportOutput, top: int) -> list[Row]:
+    """The hot keys table, written by Spark; its top keys read back (small, aggregated
+    Parquet), so no cache holds the table meanwhile."""
+    _write(metrics.key_stats(events), output, "hot_keys")
+    return [
+        row.asDict()
+        for row in metrics.top_keys(_read(spark, output, "hot_keys"), top)
+        .orderBy(*GROUP, "rank")
+        .collect()
+    ]
 
 
 #: The columns that identify one operation across processes, restarts and copies.
@@ -296,17 +460,11 @@ def _partials(unique: DataFrame, null_free: frozenset[str]) -> DataFrame:
 
 
 def _report_from(
-    spark: SparkSession, unique: DataFrame, partials: DataFrame, raw: DataFrame, asked: _Asked
+    spark: SparkSession, passes: _Passes, raw: DataFrame, output: ReportOutput, asked: _Asked
 ) -> Report:
     events_dir, window, quality = asked.events_dir, asked.window, asked.quality
-    checks = [column for column in partials.columns if column.startswith(CHECK_PREFIX)]
-    counted = ["_duplicates", *(f"_x_{name}" for name in REASONS)]
-    rows = [
-        row.asDict()
-        for row in partials.groupBy(*GROUP)
-        .agg(*metrics.group_figures(), *(F.sum(name).alias(name) for name in checks + counted))
-        .collect()
-    ]
+    figures = passes.result(passes.figures)
+    rows = figures.rows
     check_results(raw, rows, events_dir)
     for name in REASONS:
         quality.excluded[name] = sum(int(row[f"_x_{name}"]) for row in rows)
@@ -321,20 +479,7 @@ def _report_from(
             + (f" {window.describe()}" if window.bounded else "")
             + (f": {'; '.join(quality.problems())}" if quality.problems() else "")
         )
-    # On a log with nothing to exclude, the passes below read only the columns their
-    # figures need, not also the three times of the exclusion test.
-    usable = unique.where(F.col(REASON).isNull()) if any(quality.excluded.values()) else unique
-    events = usable.select(*COLUMNS)
-    # The percentiles in an aggregation of their own, over the rows they describe:
-    # percentile_approx's buffers would take every other figure off the hash path.
-    curves: dict[tuple[str, str, str], list[float]] = {
-        (row["purgatory"], row["op_type"], row["outcome"]): row["curve"]
-        for row in events.where(F.col("outcome").isin("completed", "expired"))
-        .select(*GROUP, "outcome", metrics.percentile_input())
-        .groupBy(*GROUP, "outcome")
-        .agg(*metrics.percentile_aggregates())
-        .collect()
-    }
+    curves = passes.result(passes.curves)
     for row in stats:
         latency = curves.get((row["purgatory"], row["op_type"], "completed"))
         late = curves.get((row["purgatory"], row["op_type"], "expired"))
@@ -344,35 +489,31 @@ def _report_from(
             if late is None
             else [late[CURVE_QUANTILES.index(q)] for q in LATENESS_QUANTILES.values()]
         )
-
-    output = ReportOutput(asked.location, spark)
-    try:
-        report = _write_report(spark, output, events, partials, stats, asked)
-        output.commit()
-    except BaseException:
-        output.abort()
-        raise
-    return report
+    return _write_report(spark, output, passes, figures.partials, stats, asked)
 
 
 def _write_report(
     spark: SparkSession,
     output: ReportOutput,
-    events: DataFrame,
-    partials: DataFrame,
+    passes: _Passes,
+    partials: pa.Table | None,
     stats: list[Row],
     asked: _Asked,
 ) -> Report:
     window, json_reader = asked.window, asked.json_reader
-    # The two large tables are written by Spark. The per-second counts come from the
-    # cached partials; the hot keys are read back (small, aggregated Parquet) for the
-    # top keys, so no cache holds them meanwhile.
-    throughput = metrics.per_second(partials)
-    _write(throughput, output, "throughput")
     start = math.floor(min(row["first_settled_at"] for row in stats))
     span = math.floor(max(row["last_settled_at"] for row in stats)) - start + 1
     bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
-    bins = metrics.timeline(throughput, start, bin_seconds).collect()
+    # The per-second counts: from the partials collected, else from the cached ones by
+    # Spark (while the hot keys pass writes its own table).
+    if partials is not None:
+        seconds = metrics.per_second_table(partials)
+        output.write_small_table("throughput", seconds)
+        bins = metrics.timeline_rows(seconds, start, bin_seconds)
+    else:
+        throughput = metrics.per_second(passes.partials)
+        _write(throughput, output, "throughput")
+        bins = [row.asDict() for row in metrics.timeline(throughput, start, bin_seconds).collect()]
     peaks: dict[tuple[str, str], int] = {}
     for bin_row in bins:
         where = (bin_row["purgatory"], bin_row["op_type"])
@@ -420,16 +561,10 @@ def _write_report(
     # The charts are drawn on a thread while Spark computes the hot keys: matplotlib
     # needs the driver's CPU for about a second, the Spark job mostly waits on its JVM.
     drawing = ThreadPoolExecutor(1, thread_name_prefix="purgatory-report-charts")
-    charts_done = drawing.submit(_draw_charts, report, output, [row.asDict() for row in bins], span)
+    charts_done = drawing.submit(_draw_charts, report, output, bins, span)
     drawing.shutdown(wait=False)
     try:
-        _write(metrics.key_stats(events), output, "hot_keys")
-        report.hot_keys = [
-            row.asDict()
-            for row in metrics.top_keys(_read(spark, output, "hot_keys"), asked.top_keys)
-            .orderBy(*GROUP, "rank")
-            .collect()
-        ]
+        report.hot_keys = passes.result(passes.hot_keys)
     finally:
         charts_done.result()  # also when the hot keys failed: nothing may write after abort
     report.tables["throughput"] = output.final("tables/throughput")

@@ -113,6 +113,7 @@ def test_strict_fails_in_one_line_and_leaves_the_previous_report(
     assert "input incomplete" in err[0]
     assert {p: p.read_bytes() for p in dirty_report.rglob("*") if p.is_file()} == before
     assert not [p for p in dirty_report.parent.iterdir() if p.name.startswith(".")]
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()  # the passes stopped
 
 
 def test_since_and_until_prune_date_hour_partitions(tmp_path: Path) -> None:

@@ -228,6 +228,63 @@ def test_undefined_figures_are_null(spark: Any, tmp_path: Path) -> None:
     assert math.isclose(row["expiry_ratio"], 0.0)
 
 
+def assert_same_report(first: Path, second: Path) -> None:
+    """The same figures, tables and findings (not the run section) in two reports."""
+    local = json.loads((first / "summary.json").read_text())
+    remote = json.loads((second / "summary.json").read_text())
+    assert len(remote) == len(local)
+    for mine, theirs in zip(local, remote, strict=True):
+        assert list(mine) == list(theirs)
+        for key, value in mine.items():
+            if isinstance(value, float):
+                # Means may sum in another order on other executors; all else is exact.
+                assert theirs[key] == pytest.approx(value, rel=1e-12), key
+            else:
+                assert theirs[key] == value, key
+    for name in ("hot_keys", "whatif", "throughput"):
+        key = sorted(map(str, table(first, name)))
+        assert sorted(map(str, table(second, name))) == key, name
+
+    def body(report_dir: Path) -> str:  # from the data quality to the run section
+        text = (report_dir / "report.md").read_text()
+        return text.split("## Data quality")[1].split("## Run")[0]
+
+    assert body(second) == body(first)
+
+
+def test_partials_too_many_to_collect_are_finished_by_spark_alike(
+    spark: Any, event_log: Path, out_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log whose per-second partials are too many for the driver gets the same report,
+    its figures, throughput table and timeline computed by Spark instead."""
+    from purgatory_aio.analytics import report
+
+    monkeypatch.setattr(report, "DRIVER_PARTIALS", 0)
+    out = tmp_path / "finished-by-spark"
+    assert main([str(event_log), "--out", str(out), "--top-keys", str(TOP_KEYS)], spark=spark) == 0
+    assert_same_report(out_dir, out)
+    throughput = pq.read_table(out_dir / "tables" / "throughput").schema
+    assert pq.read_table(out / "tables" / "throughput").schema.types == throughput.types
+
+
+def test_a_failing_pass_stops_the_others_and_leaves_nothing(
+    spark: Any, event_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The passes run at once: one failing fails the run with its own error, after the
+    others are stopped; the report directory is never created and no job lingers."""
+    from purgatory_aio.analytics import report
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("hot keys broke")
+
+    monkeypatch.setattr(report, "_hot_keys", broken)
+    out = tmp_path / "report"
+    with pytest.raises(RuntimeError, match="hot keys broke"):
+        report.run(str(event_log), out, spark=spark)
+    assert list(tmp_path.iterdir()) == []
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+
+
 @pytest.mark.slow
 def test_a_standalone_cluster_gives_the_same_report(
     standalone_cluster: str, event_log: Path, out_dir: Path, tmp_path: Path
@@ -248,26 +305,7 @@ def test_a_standalone_cluster_gives_the_same_report(
         command, capture_output=True, text=True, timeout=240, env=cluster_env(), check=False
     )
     assert done.returncode == 0, done.stderr
-    local = json.loads((out_dir / "summary.json").read_text())
-    remote = json.loads((out / "summary.json").read_text())
-    assert len(remote) == len(local)
-    for mine, theirs in zip(local, remote, strict=True):
-        assert list(mine) == list(theirs)
-        for key, value in mine.items():
-            if isinstance(value, float):
-                # Means may sum in another order on other executors; all else is exact.
-                assert theirs[key] == pytest.approx(value, rel=1e-12), key
-            else:
-                assert theirs[key] == value, key
-    for name in ("hot_keys", "whatif", "throughput"):
-        key = sorted(map(str, table(out_dir, name)))
-        assert sorted(map(str, table(out, name))) == key, name
-
-    def body(report_dir: Path) -> str:  # from the data quality to the run section
-        text = (report_dir / "report.md").read_text()
-        return text.split("## Data quality")[1].split("## Run")[0]
-
-    assert body(out) == body(out_dir)
+    assert_same_report(out_dir, out)
     assert "| master | `spark://127.0.0.1:" in (out / "report.md").read_text()
 
 
