@@ -100,6 +100,38 @@ def test_writer_drops_make_the_input_incomplete(dirty_report: Path) -> None:
     assert "**Input incomplete**" in (dirty_report / "report.md").read_text()
 
 
+def bad_group_figures(report: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The summary row and the hot keys of the purgatory of :data:`BAD`'s records."""
+    import pyarrow.parquet as pq
+
+    summary = json.loads((report / "summary.json").read_text())
+    (row,) = (r for r in summary if r["purgatory"] == "bad")
+    keys = pq.read_table(report / "tables" / "hot_keys").to_pylist()
+    return row, [r for r in keys if r["purgatory"] == "bad"]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("copies", [1, 2], ids=["unique", "duplicated"])
+def test_excluded_rows_are_in_no_percentile_and_no_hot_key(
+    spark: Any, tmp_path: Path, copies: int
+) -> None:
+    """Percentiles and hot keys start on every row; with rows to exclude they are
+    computed again without them (with and without duplicates to collapse first)."""
+    with ParquetWriter(tmp_path / "log") as writer:
+        for event in [GOOD, *BAD.values()]:
+            writer.emit(event)
+    for written in list((tmp_path / "log").rglob("*.parquet")):
+        for copy in range(1, copies):
+            shutil.copy(written, written.with_name(f"copy-{copy}-{written.name}"))
+    assert main([str(tmp_path / "log"), "--out", str(tmp_path / "report")], spark=spark) == 0
+    row, keys = bad_group_figures(tmp_path / "report")
+    assert row["excluded"] == dict.fromkeys(REASONS, 1)
+    assert row["duplicates_dropped"] == (copies - 1) * (1 + len(BAD))
+    assert row["latency_p50"] == row["latency_p99"] == 0.5  # GOOD's alone
+    assert [(r["key"], r["watched"], r["completed"]) for r in keys] == [("k", 1, 1)]
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+
+
 @pytest.mark.spark
 def test_strict_fails_in_one_line_and_leaves_the_previous_report(
     capsys, spark: Any, dirty_log: Path, dirty_report: Path
