@@ -188,9 +188,8 @@ def _run(spark: SparkSession, files: EventFiles, asked: _Asked) -> Report:
         # Most logs hold no duplicate: the passes start with the identity check, over
         # the records as they are. A log with duplicates is computed again over its
         # unique records (the first passes are cancelled).
-        passes = _Passes(
-            spark, records.withColumn(COPIES, F.lit(1)), files, output, asked, check=records
-        )
+        first = records.withColumn(COPIES, F.lit(1))
+        passes = _Passes(spark, first, files, output, asked, cached, check=records)
         try:
             assert passes.identities is not None
             passes.result(passes.identities)
@@ -203,7 +202,7 @@ def _run(spark: SparkSession, files: EventFiles, asked: _Asked) -> Report:
                     .persist(StorageLevel.MEMORY_AND_DISK)
                 )
                 cached.append(unique)
-                passes = _Passes(spark, unique, files, output, asked)
+                passes = _Passes(spark, unique, files, output, asked, cached)
             report = _report_from(spark, passes, raw, output, asked)
         finally:
             passes.cancel()
@@ -240,11 +239,13 @@ class _Passes:
         files: EventFiles,
         output: ReportOutput,
         asked: _Asked,
+        cached: list[DataFrame],
         *,
         check: DataFrame | None = None,
     ) -> None:
         """Start the passes over ``unique``, after :func:`check_identities` of ``check``
-        when given (its job first: the others wait for its verdict)."""
+        when given (its job first: the others wait for its verdict). What they cache
+        is added to ``cached``, for the caller to remove."""
         self._spark = spark
         self._output = output
         self._top_keys = asked.top_keys
@@ -253,16 +254,11 @@ class _Passes:
         self._failure: BaseException | None = None
         self._stopped: set[str] = set()
         self._unique = unique.withColumn(REASON, quality_reason())
-        # A few rows per second, read again for the throughput table and the timeline
-        # when there are too many to collect.
-        self.partials = _partials(self._unique, files.proven_null_free).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="purgatory-report-pass")
         self.identities = (
             None if check is None else self.start(check_identities, check, asked.quality)
         )
-        self.figures = self.start(_figures, self.partials)
+        self.figures = self.start(_figures, self._unique, files.proven_null_free, cached)
         # Without the exclusion test the two passes read none of the three times it
         # needs (hot keys at 10M events, local[2], warm: 3.2 s against 3.8).
         self._start_usable(self._unique.select(*COLUMNS))
@@ -328,7 +324,6 @@ class _Passes:
         """Stop what still runs and wait for it (its error, if any, is not this run's)."""
         self._stop(list(self._groups))
         self._pool.shutdown(wait=True)
-        self.partials.unpersist()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,15 +332,20 @@ class _Figures:
     themselves when they are few enough to finish on the driver."""
 
     rows: list[Row]
-    partials: pa.Table | None
+    #: The partials, collected; else cached, for Spark to finish.
+    partials: pa.Table | DataFrame
 
 
-def _figures(partials: DataFrame) -> _Figures:
+def _figures(unique: DataFrame, null_free: frozenset[str], cached: list[DataFrame]) -> _Figures:
+    # Planned here, on the pass's own thread: the other passes start meanwhile.
+    partials = _partials(unique, null_free).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(partials)
     checks = [column for column in partials.columns if column.startswith(CHECK_PREFIX)]
     counted = ["_duplicates", *(f"_x_{name}" for name in REASONS)]
     reductions = {**metrics.PARTIAL_REDUCTIONS, **{name: "sum" for name in checks + counted}}
     table = partials.limit(DRIVER_PARTIALS + 1).toArrow()
     if table.num_rows <= DRIVER_PARTIALS:
+        partials.unpersist()
         grouped = table.group_by(list(GROUP)).aggregate(list(reductions.items()))
         names = {f"{name}_{how}": name for name, how in reductions.items()}
         totals = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
@@ -353,7 +353,7 @@ def _figures(partials: DataFrame) -> _Figures:
     else:
         aggregates = [getattr(F, how)(name).alias(name) for name, how in reductions.items()]
         rows = [row.asDict() for row in partials.groupBy(*GROUP).agg(*aggregates).collect()]
-        table = None
+        return _Figures([metrics.group_figures(row) for row in rows], partials)
     return _Figures([metrics.group_figures(row) for row in rows], table)
 
 
@@ -517,7 +517,7 @@ def _write_report(
     spark: SparkSession,
     output: ReportOutput,
     passes: _Passes,
-    partials: pa.Table | None,
+    partials: pa.Table | DataFrame,
     stats: list[Row],
     asked: _Asked,
 ) -> Report:
@@ -527,12 +527,12 @@ def _write_report(
     bin_seconds = max(1, math.ceil(span / TIMELINE_BINS))
     # The per-second counts: from the partials collected, else from the cached ones by
     # Spark (while the hot keys pass writes its own table).
-    if partials is not None:
+    if isinstance(partials, pa.Table):
         seconds = metrics.per_second_table(partials)
         output.write_small_table("throughput", seconds)
         bins = metrics.timeline_rows(seconds, start, bin_seconds)
     else:
-        throughput = metrics.per_second(passes.partials)
+        throughput = metrics.per_second(partials)
         _write(throughput, output, "throughput")
         bins = [row.asDict() for row in metrics.timeline(throughput, start, bin_seconds).collect()]
     peaks: dict[tuple[str, str], int] = {}
