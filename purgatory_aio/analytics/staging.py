@@ -37,6 +37,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import fcntl
 import gzip
 import io
 import json
@@ -519,10 +520,58 @@ def _work(tasks_file: str) -> int:
     return 0
 
 
-def staging_directory(local_dirs: str | None) -> Path:
-    """A fresh directory for staged files under Spark's first local directory."""
-    parent = (local_dirs or "").split(",")[0].strip() or None
-    return Path(tempfile.mkdtemp(prefix="purgatory-report-json-", dir=parent))
+#: Staging directories are named with this prefix. Each holds :data:`OWNER_FILE`, which
+#: its run keeps locked (``flock``) for as long as it lives: the kernel lets go of the
+#: lock when the process ends, however it ends.
+STAGING_PREFIX = "purgatory-report-json-"
+OWNER_FILE = "owner.lock"
+
+
+def staging_directory(local_dirs: str | None) -> tuple[Path, int]:
+    """A fresh directory for staged files under Spark's first local directory, and the
+    descriptor holding its owner lock (close it after removing the directory).
+
+    Directories of runs that ended without removing theirs (killed) are removed first.
+    """
+    parent = Path((local_dirs or "").split(",")[0].strip() or tempfile.gettempdir())
+    sweep_stale(parent)
+    directory = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
+    # Locked before it gets its name, so no sweep ever finds the owner file unlocked.
+    descriptor, claim = tempfile.mkstemp(prefix=".claim-", dir=directory)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        os.rename(claim, directory / OWNER_FILE)
+    except BaseException:
+        os.close(descriptor)
+        remove(directory)
+        raise
+    return directory, descriptor
+
+
+def sweep_stale(parent: Path) -> list[Path]:
+    """Remove the staging directories under ``parent`` whose run has ended; the removed.
+
+    A directory counts as abandoned only when its owner file can be locked: a live run
+    (in this process or any other, on this machine) holds the lock. Directories without
+    an owner file (being created, or left by an older version) are left alone.
+    """
+    swept = []
+    for candidate in parent.glob(f"{STAGING_PREFIX}*"):
+        try:
+            descriptor = os.open(candidate / OWNER_FILE, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its run is alive
+            remove(candidate)
+            swept.append(candidate)
+            _log.info("json_staging_swept", directory=str(candidate))
+        finally:
+            os.close(descriptor)
+    return swept
 
 
 def remove(directory: Path) -> None:
@@ -546,10 +595,11 @@ class Staging:
     ) -> None:
         self.paths = tuple(paths)
         self.directory: Path | None = None
+        self._owner: int | None = None
         self._result: Future[StagedJson] = Future()
         self._cancel = threading.Event()
         try:
-            self.directory = staging_directory(local_dirs)
+            self.directory, self._owner = staging_directory(local_dirs)
         except OSError as exc:
             reason = f"no staging directory: {exc.strerror or exc}"
             self._result.set_result(StagedJson([], f"parsed by Spark ({reason})"))
@@ -573,6 +623,9 @@ class Staging:
         finally:
             if self.directory is not None:
                 remove(self.directory)
+            if self._owner is not None:
+                os.close(self._owner)
+                self._owner = None
 
 
 if __name__ == "__main__":

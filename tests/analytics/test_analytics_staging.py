@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -396,3 +397,50 @@ def test_a_run_interrupted_while_staging_removes_the_staging(
     with pytest.raises(KeyboardInterrupt):
         report.run(str(events), tmp_path / "out", spark=spark)
     assert list(staging_parent.iterdir()) == []
+
+
+_HOLD_STAGING = (
+    "import sys, time\n"
+    "from purgatory_aio.analytics import staging\n"
+    "directory, _ = staging.staging_directory(sys.argv[1])\n"
+    "(directory / 'part-0.parquet').write_bytes(b'staged')\n"
+    "print(directory, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def _holder(parent: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A process that made a staging directory under ``parent`` and lives on."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_STAGING, str(parent)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    return process, Path(process.stdout.readline().strip())
+
+
+def test_a_killed_runs_staging_is_swept_by_the_next_and_a_live_one_never(tmp_path: Path) -> None:
+    """A run killed outright (SIGKILL: no cleanup runs) leaves its staged files; the next
+    staging removes them. A directory whose run lives (another process, or this one)
+    is kept, and so is one without an owner file (not provably abandoned)."""
+    killed, abandoned = _holder(tmp_path)
+    alive, kept = _holder(tmp_path)
+    try:
+        killed.kill()
+        killed.wait(timeout=30)
+        unknown = tmp_path / f"{staging.STAGING_PREFIX}unknown"
+        unknown.mkdir()
+        assert abandoned.is_dir()
+        mine, owner = staging.staging_directory(str(tmp_path))
+        try:
+            assert not abandoned.exists()
+            assert kept.is_dir() and (kept / "part-0.parquet").exists()
+            assert unknown.is_dir()
+            assert staging.sweep_stale(tmp_path) == []  # this process's own run: alive
+        finally:
+            staging.remove(mine)
+            os.close(owner)
+    finally:
+        alive.kill()
+        alive.wait(timeout=30)
+    assert staging.sweep_stale(tmp_path) == [kept]  # its process has ended since
+    assert sorted(tmp_path.iterdir()) == [unknown]
