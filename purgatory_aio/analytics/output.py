@@ -148,8 +148,9 @@ class ReportOutput:
         would (a directory of one part file) but without a Spark job (about 1.5 s each)."""
         directory = self.files / "tables" / name
         directory.mkdir(parents=True, exist_ok=True)
-        # Timestamps as INT96, as Spark writes them by default: a table has the same
-        # types whichever of the two wrote it.
+        # Timestamps as INT96, as Spark writes them by default
+        # (spark.sql.parquet.outputTimestampType): a table has the same types whichever
+        # of the two wrote it.
         pq.write_table(
             table, directory / "part-00000.parquet", use_deprecated_int96_timestamps=True
         )

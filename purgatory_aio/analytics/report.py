@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -176,6 +177,7 @@ def _run(spark: SparkSession, files: EventFiles, asked: _Asked) -> Report:
         raw = raw.where(F.col(CORRUPT).isNotNull() | settled.isNull() | inside)
     records = raw.select(*COLUMNS, CORRUPT)
     cached: list[DataFrame] = []
+    output = ReportOutput(asked.location, spark)
     if files.json:
         # Parsing JSON is most of a scan's cost and the figures take four scans: parse
         # once (10M events, local[2]: 144 s against 244 s parsing each time). Spilled
@@ -183,7 +185,6 @@ def _run(spark: SparkSession, files: EventFiles, asked: _Asked) -> Report:
         # the columns it needs.
         records = records.persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(records)
-    output = ReportOutput(asked.location, spark)
     try:
         # Most logs hold no duplicate: the passes start with the identity check, over
         # the records as they are. A log with duplicates is computed again over its
@@ -243,9 +244,9 @@ class _Passes:
         *,
         check: DataFrame | None = None,
     ) -> None:
-        """Start the passes over ``unique``, after :func:`check_identities` of ``check``
-        when given (its job first: the others wait for its verdict). What they cache
-        is added to ``cached``, for the caller to remove."""
+        """Start the passes over ``unique``, with :func:`check_identities` of ``check``
+        when given (its job submitted first). What they cache is added to ``cached``,
+        for the caller to remove. Whatever started is stopped if this fails."""
         self._spark = spark
         self._output = output
         self._top_keys = asked.top_keys
@@ -253,15 +254,19 @@ class _Passes:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self._stopped: set[str] = set()
-        self._unique = unique.withColumn(REASON, quality_reason())
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="purgatory-report-pass")
-        self.identities = (
-            None if check is None else self.start(check_identities, check, asked.quality)
-        )
-        self.figures = self.start(_figures, self._unique, files.proven_null_free, cached)
-        # Without the exclusion test the two passes read none of the three times it
-        # needs (hot keys at 10M events, local[2], warm: 3.2 s against 3.8).
-        self._start_usable(self._unique.select(*COLUMNS))
+        try:
+            self._unique = unique.withColumn(REASON, quality_reason())
+            self.identities = (
+                None if check is None else self.start(check_identities, check, asked.quality)
+            )
+            self.figures = self.start(_figures, self._unique, files.proven_null_free, cached)
+            # Without the exclusion test the two passes read none of the three times it
+            # needs (hot keys at 10M events, local[2], warm: 3.2 s against 3.8).
+            self._start_usable(self._unique.select(*COLUMNS))
+        except BaseException:
+            self.cancel()
+            raise
 
     def _start_usable(self, events: DataFrame) -> None:
         self.curves = self.start(_curves, events)
@@ -271,6 +276,10 @@ class _Passes:
         """Compute the percentiles and the hot keys again over the rows no exclusion
         reason applies to; the passes over every row are stopped first."""
         self._stop([self.curves, self.hot_keys])
+        with self._lock:
+            failure = self._failure
+        if failure is not None:
+            raise failure
         self._start_usable(self._unique.where(F.col(REASON).isNull()).select(*COLUMNS))
 
     def start(self, function: Callable[..., _T], *args: Any) -> Future[_T]:
@@ -279,7 +288,9 @@ class _Passes:
         group = f"purgatory-report-{uuid.uuid4().hex}"
 
         def job() -> _T:
-            context.setJobGroup(group, "purgatory report", interruptOnCancel=True)
+            # Not interrupted when cancelled: a task writing to HDFS must not be (Spark's
+            # warning); a cancelled task ends with its partition (see cancel).
+            context.setJobGroup(group, "purgatory report", interruptOnCancel=False)
             try:
                 return function(*args)
             except BaseException as exc:
@@ -290,7 +301,7 @@ class _Passes:
                     if first:
                         self._failure = exc
                 if first:
-                    self._stop(list(self._groups), wait_for=False)
+                    self._stop(None, wait_for=False)
                 raise
 
         with self._lock:
@@ -303,26 +314,54 @@ class _Passes:
         if this one failed."""
         try:
             return started.result()
-        except BaseException:
+        except Exception:  # an interrupt of this thread stays an interrupt
             with self._lock:
                 first = self._failure
             if first is not None:
                 raise first from None
             raise
 
-    def _stop(self, passes: list[Future[Any]], *, wait_for: bool = True) -> None:
+    def _stop(self, passes: list[Future[Any]] | None, *, wait_for: bool = True) -> list[str]:
+        """Cancel ``passes`` (every one when None): their running jobs and any they would
+        start; wait for their threads unless told not to. The job groups cancelled."""
         with self._lock:
-            running = [started for started in passes if not started.done()]
+            chosen = list(self._groups) if passes is None else passes
+            running = [started for started in chosen if not started.done()]
             groups = [self._groups[started] for started in running]
-            self._stopped.update(self._groups[started] for started in passes)
+            self._stopped.update(self._groups[started] for started in chosen)
         for group in groups:
-            self._spark.sparkContext.cancelJobGroup(group)
+            # Also the jobs a pass submits from now on: cancelJobGroup alone stops only
+            # those running, and a pass between two jobs would start its next one.
+            self._spark.sparkContext._jsc.sc().cancelJobGroupAndFutureJobs(group)
         if wait_for:
             wait(running)
+            self._settle(groups)
+        return groups
+
+    def _settle(self, groups: list[str], timeout: float = 60.0) -> None:
+        """Wait until no task of the cancelled ``groups`` runs: a pass's action returns
+        when its job is cancelled, while its tasks finish their partitions (a write among
+        them, which must not land in an output already removed)."""
+        tracker = self._spark.sparkContext.statusTracker()
+        deadline = time.monotonic() + timeout
+        while groups and time.monotonic() < deadline:
+            stages = [
+                stage
+                for group in groups
+                for job in tracker.getJobIdsForGroup(group)
+                if (info := tracker.getJobInfo(job)) is not None
+                for stage in info.stageIds
+            ]
+            if not any(
+                (running := tracker.getStageInfo(stage)) is not None and running.numActiveTasks > 0
+                for stage in stages
+            ):
+                return
+            time.sleep(0.05)
 
     def cancel(self) -> None:
         """Stop what still runs and wait for it (its error, if any, is not this run's)."""
-        self._stop(list(self._groups))
+        self._stop(None)
         self._pool.shutdown(wait=True)
 
 

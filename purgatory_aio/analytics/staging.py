@@ -366,7 +366,8 @@ def stage_json(
 
     Args:
         paths: Local JSON Lines files (``.gz`` ones read whole by one worker).
-        directory: An empty directory for the staged files; the caller removes it.
+        directory: A directory for the staged files, empty but for its owner file
+            (see :func:`staging_directory`); the caller removes it.
         workers: Worker processes (the cores Spark will use).
         required: Columns every event has a value for: a null in one of them
             leaves the log to Spark (see the module's notes).
@@ -390,7 +391,8 @@ def stage_json(
         reason = _reason(exc)
         _log.info("json_staging_refused", reason=reason, files=len(paths))
         for part in directory.glob("*"):
-            part.unlink(missing_ok=True)
+            if part.name != OWNER_FILE:  # the run's claim on the directory stays
+                part.unlink(missing_ok=True)
         return StagedJson([], f"parsed by Spark (Arrow's reader refused: {reason})")
     seconds = time.perf_counter() - started
     _log.info("json_staged", files=len(paths), rows=rows, seconds=round(seconds, 2))
@@ -536,8 +538,12 @@ def staging_directory(local_dirs: str | None) -> tuple[Path, int]:
     parent = Path((local_dirs or "").split(",")[0].strip() or tempfile.gettempdir())
     sweep_stale(parent)
     directory = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
-    # Locked before it gets its name, so no sweep ever finds the owner file unlocked.
-    descriptor, claim = tempfile.mkstemp(prefix=".claim-", dir=directory)
+    try:
+        # Locked before it gets its name, so no sweep ever finds the owner file unlocked.
+        descriptor, claim = tempfile.mkstemp(prefix=".claim-", dir=directory)
+    except BaseException:
+        remove(directory)
+        raise
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         os.rename(claim, directory / OWNER_FILE)

@@ -285,6 +285,23 @@ def test_a_failing_pass_stops_the_others_and_leaves_nothing(
     assert not spark.sparkContext.statusTracker().getActiveJobsIds()
 
 
+def test_passes_failing_to_start_stop_those_started(
+    spark: Any, event_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the passes are being started (after the identity check and the
+    figures began) stops those, and the run leaves nothing behind."""
+    from purgatory_aio.analytics import report
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("could not plan")
+
+    monkeypatch.setattr(report._Passes, "_start_usable", broken)
+    with pytest.raises(RuntimeError, match="could not plan"):
+        report.run(str(event_log), tmp_path / "report", spark=spark)
+    assert list(tmp_path.iterdir()) == []
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+
+
 @pytest.mark.slow
 def test_a_standalone_cluster_gives_the_same_report(
     standalone_cluster: str, event_log: Path, out_dir: Path, tmp_path: Path
