@@ -321,9 +321,9 @@ class _Passes:
                 raise first from None
             raise
 
-    def _stop(self, passes: list[Future[Any]] | None, *, wait_for: bool = True) -> list[str]:
+    def _stop(self, passes: list[Future[Any]] | None, *, wait_for: bool = True) -> None:
         """Cancel ``passes`` (every one when None): their running jobs and any they would
-        start; wait for their threads unless told not to. The job groups cancelled."""
+        start; wait for their threads unless told not to."""
         with self._lock:
             chosen = list(self._groups) if passes is None else passes
             running = [started for started in chosen if not started.done()]
@@ -336,7 +336,6 @@ class _Passes:
         if wait_for:
             wait(running)
             self._settle(groups)
-        return groups
 
     def _settle(self, groups: list[str], timeout: float = 60.0) -> None:
         """Wait until no task of the cancelled ``groups`` runs: a pass's action returns
@@ -383,17 +382,18 @@ def _figures(unique: DataFrame, null_free: frozenset[str], cached: list[DataFram
     counted = ["_duplicates", *(f"_x_{name}" for name in REASONS)]
     reductions = {**metrics.PARTIAL_REDUCTIONS, **{name: "sum" for name in checks + counted}}
     table = partials.limit(DRIVER_PARTIALS + 1).toArrow()
+    finished: pa.Table | DataFrame
     if table.num_rows <= DRIVER_PARTIALS:
         partials.unpersist()
         grouped = table.group_by(list(GROUP)).aggregate(list(reductions.items()))
         names = {f"{name}_{how}": name for name, how in reductions.items()}
         totals = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
-        rows = totals.to_pylist()
+        rows, finished = totals.to_pylist(), table
     else:
         aggregates = [getattr(F, how)(name).alias(name) for name, how in reductions.items()]
         rows = [row.asDict() for row in partials.groupBy(*GROUP).agg(*aggregates).collect()]
-        return _Figures([metrics.group_figures(row) for row in rows], partials)
-    return _Figures([metrics.group_figures(row) for row in rows], table)
+        finished = partials
+    return _Figures([metrics.group_figures(row) for row in rows], finished)
 
 
 def _curves(events: DataFrame) -> dict[tuple[str, str, str], list[float]]:

@@ -267,36 +267,31 @@ def test_partials_too_many_to_collect_are_finished_by_spark_alike(
     assert pq.read_table(out / "tables" / "throughput").schema.types == throughput.types
 
 
-def test_a_failing_pass_stops_the_others_and_leaves_nothing(
-    spark: Any, event_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("target", "name"),
+    [("_hot_keys", "hot keys broke"), ("_Passes._start_usable", "could not plan")],
+    ids=["a pass fails", "starting the passes fails"],
+)
+def test_a_failure_stops_the_passes_and_leaves_nothing(
+    spark: Any,
+    event_log: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    target: str,
+    name: str,
 ) -> None:
     """The passes run at once: one failing fails the run with its own error, after the
-    others are stopped; the report directory is never created and no job lingers."""
+    others are stopped; so does an error while they are being started (after the
+    identity check and the figures began). The report directory is never created and
+    no job lingers."""
     from purgatory_aio.analytics import report
 
     def broken(*_: object) -> None:
-        raise RuntimeError("hot keys broke")
+        raise RuntimeError(name)
 
-    monkeypatch.setattr(report, "_hot_keys", broken)
-    out = tmp_path / "report"
-    with pytest.raises(RuntimeError, match="hot keys broke"):
-        report.run(str(event_log), out, spark=spark)
-    assert list(tmp_path.iterdir()) == []
-    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
-
-
-def test_passes_failing_to_start_stop_those_started(
-    spark: Any, event_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An error while the passes are being started (after the identity check and the
-    figures began) stops those, and the run leaves nothing behind."""
-    from purgatory_aio.analytics import report
-
-    def broken(*_: object) -> None:
-        raise RuntimeError("could not plan")
-
-    monkeypatch.setattr(report._Passes, "_start_usable", broken)
-    with pytest.raises(RuntimeError, match="could not plan"):
+    owner, _, attribute = target.rpartition(".")
+    monkeypatch.setattr(getattr(report, owner) if owner else report, attribute, broken)
+    with pytest.raises(RuntimeError, match=name):
         report.run(str(event_log), tmp_path / "report", spark=spark)
     assert list(tmp_path.iterdir()) == []
     assert not spark.sparkContext.statusTracker().getActiveJobsIds()
