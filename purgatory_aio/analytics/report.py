@@ -276,9 +276,7 @@ class _Passes:
         """Compute the percentiles and the hot keys again over the rows no exclusion
         reason applies to; the passes over every row are stopped first."""
         self._stop([self.curves, self.hot_keys])
-        with self._lock:
-            failure = self._failure
-        if failure is not None:
+        if (failure := self._first_failure()) is not None:
             raise failure
         self._start_usable(self._unique.where(F.col(REASON).isNull()).select(*COLUMNS))
 
@@ -315,11 +313,13 @@ class _Passes:
         try:
             return started.result()
         except Exception:  # an interrupt of this thread stays an interrupt
-            with self._lock:
-                first = self._failure
-            if first is not None:
+            if (first := self._first_failure()) is not None:
                 raise first from None
             raise
+
+    def _first_failure(self) -> BaseException | None:
+        with self._lock:
+            return self._failure
 
     def _stop(self, passes: list[Future[Any]] | None, *, wait_for: bool = True) -> None:
         """Cancel ``passes`` (every one when None): their running jobs and any they would

@@ -114,8 +114,9 @@ _WRITE_OPTIONS: dict[str, Any] = {
     "compression": "none",
     "write_statistics": ["op_id", "created_at", "deadline", "settled_at"],
     "use_dictionary": [
-        *(field.name for field in ARROW_SCHEMA if pa.types.is_string(field.type)),
-        "keys.list.element",
+        f"{field.name}.list.element" if pa.types.is_list(field.type) else field.name
+        for field in ARROW_SCHEMA
+        if pa.types.is_string(getattr(field.type, "value_type", field.type))
     ],
 }
 
