@@ -347,6 +347,7 @@ _DOUBLES = tuple(field.name for field in ARROW_SCHEMA if pa.types.is_floating(fi
 
 
 def _tasks(paths: Sequence[str], directory: Path, required: tuple[str, ...]) -> list[_Task]:
+    """The ranges to convert, largest first (see :func:`_claim`)."""
     ranges: list[tuple[str, int, int]] = []
     for path in paths:
         if path.endswith(".gz"):
@@ -356,10 +357,21 @@ def _tasks(paths: Sequence[str], directory: Path, required: tuple[str, ...]) -> 
         ranges.extend(
             (path, start, min(start + SPLIT_BYTES, size)) for start in range(0, size, SPLIT_BYTES)
         )
+    ranges.sort(key=_json_bytes, reverse=True)
     return [
         _Task(path, start, end, str(directory / f"part-{index:05d}.parquet"), required)
         for index, (path, start, end) in enumerate(ranges)
     ]
+
+
+#: A gzip-compressed JSON Lines file holds about this many times its size in JSON.
+_GZ_FACTOR = 10
+
+
+def _json_bytes(item: tuple[str, int, int]) -> int:
+    """About how many bytes of JSON a range of :func:`_tasks` holds."""
+    path, start, end = item
+    return _GZ_FACTOR * os.path.getsize(path) if end < 0 else end - start
 
 
 def stage_json(
@@ -453,23 +465,24 @@ def _run_workers(
     interpreter on the caller's ``sys.path`` that imports only this module. (A
     multiprocessing pool's spawned workers would import the caller's ``__main__``
     again: a script without a ``__main__`` guard would run its whole report once per
-    worker.)
+    worker.) Every worker reads the whole list and takes the next range no other has
+    taken (see :func:`_claim`), so one slowed down (by the JVM starting beside it) leaves
+    the other no idle time at the end.
 
     Raises:
         StagingRefused: A worker refused a range, failed, or died, or ``cancel`` was set.
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+    listed = directory / "tasks.json"
+    listed.write_text(json.dumps([dataclasses.astuple(task) for task in tasks]))
     running: dict[int, subprocess.Popen[bytes]] = {}
     try:
         for index in range(workers):
-            share = directory / f"tasks-{index}.json"
-            share.write_text(
-                json.dumps([dataclasses.astuple(task) for task in tasks[index::workers]])
-            )
+            report = directory / f"worker-{index}"
             # Output to files, not pipes: a worker never blocks on a full pipe.
-            with open(f"{share}.out", "wb") as stdout, open(f"{share}.err", "wb") as stderr:
+            with open(f"{report}.out", "wb") as stdout, open(f"{report}.err", "wb") as stderr:
                 running[index] = subprocess.Popen(
-                    [sys.executable, "-P", "-m", __name__, str(share)],
+                    [sys.executable, "-P", "-m", __name__, str(listed)],
                     stdout=stdout,
                     stderr=stderr,
                     env=env,
@@ -483,10 +496,10 @@ def _run_workers(
                 if (status := worker.poll()) is None:
                     continue
                 del running[index]
-                share = directory / f"tasks-{index}.json"
-                out = Path(f"{share}.out").read_bytes()
+                report = directory / f"worker-{index}"
+                out = Path(f"{report}.out").read_bytes()
                 if status != 0:
-                    err = Path(f"{share}.err").read_bytes()
+                    err = Path(f"{report}.err").read_bytes()
                     raise StagingRefused(_worker_failure(status, out, err))
                 rows += int(json.loads(out.splitlines()[-1])["rows"])
             if running:
@@ -496,6 +509,15 @@ def _run_workers(
         for worker in running.values():
             worker.kill()
             worker.wait()
+
+
+def _claim(task: _Task) -> bool:
+    """Take ``task`` for this worker: true for exactly one of the workers that ask."""
+    try:
+        os.close(os.open(f"{task.out}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 #: How often the workers are polled: a 10-second staging waits at most 1% longer.
@@ -514,14 +536,15 @@ def _worker_failure(status: int, out: bytes, err: bytes) -> str:
 
 
 def _work(tasks_file: str) -> int:
-    """A worker process: stage the tasks listed in ``tasks_file``; the exit status."""
+    """A worker process: stage the tasks listed in ``tasks_file`` that no other worker has
+    taken; the exit status."""
     try:
         listed = json.loads(Path(tasks_file).read_text())
         tasks = [
             _Task(path, start, end, out, tuple(required))
             for path, start, end, out, required in listed
         ]
-        rows = sum(_convert(task) for task in tasks)
+        rows = sum(_convert(task) for task in tasks if _claim(task))
     except Exception as exc:  # the parent falls back to Spark on any of them
         print(json.dumps({"refused": _reason(exc)}), flush=True)
         return _REFUSED

@@ -180,6 +180,30 @@ def test_ranges_of_a_file_tile_it_without_loss_or_repeat(
         assert read_staged(spark, staged.parquet) == read_spark_json(spark, source), split
 
 
+def test_workers_take_the_ranges_in_turn_each_converted_once(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every worker reads the whole list and takes the next range nobody has taken:
+    each range is converted by exactly one worker, the largest first."""
+    sources = []
+    for number, count in enumerate((40, 25, 7)):
+        source = tmp_path / f"events-{number}.jsonl"
+        source.write_bytes(lines(*(line(op_id=number * 100 + index) for index in range(count))))
+        sources.append(source)
+    monkeypatch.setattr(staging, "SPLIT_BYTES", 1500)
+    out = tmp_path / "staged"
+    out.mkdir()
+    tasks = staging._tasks([str(source) for source in sources], out, REQUIRED)
+    sizes = [task.end - task.start for task in tasks]
+    assert len(tasks) > 6 and sizes == sorted(sizes, reverse=True)
+
+    staged = staging.stage_json([str(source) for source in sources], out, 3, REQUIRED)
+    assert "72 events" in staged.description, staged.description
+    assert len(list(out.glob("*.claim"))) == len(tasks)
+    expected = sorted(row for source in sources for row in read_spark_json(spark, source))
+    assert read_staged(spark, staged.parquet) == expected
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 64])
 def test_line_check_holds_across_every_read_size(size: int) -> None:
     text = "é☃".encode()
