@@ -56,7 +56,7 @@ from purgatory_aio.events import COLUMNS, OUTCOMES
 try:
     import pyarrow as pa
     from pyspark import StorageLevel
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql import functions as F
 except ImportError as exc:
     raise missing_dependency(exc) from exc
@@ -437,15 +437,23 @@ IDENTITY = ("producer", "purgatory", "op_id")
 ID_BLOCK_BITS = 6
 
 
+def writer_hash() -> Column:
+    """The 64-bit hash of (producer, purgatory) that :func:`check_identities` groups by."""
+    return F.xxhash64("producer", "purgatory")
+
+
 def check_identities(records: DataFrame, quality: Quality) -> None:
     """Count exact duplicates and conflicting operation ids; one pass over three columns
     on a log whose ids are all distinct.
 
-    The first pass groups the records by (producer, purgatory, ``op_id >> 6``) and keeps,
-    per group, its records and a 64-bit mask of the ids seen (``bit_or``). Where every
-    group has as many records as bits set, no id (:data:`IDENTITY`) occurs twice: no
-    duplicates, no conflicts, and only the identity columns were read. Otherwise only
-    the records of the groups with more records than ids go to the exact pass: keyed
+    The first pass groups the records by a 64-bit hash of (producer, purgatory) and
+    ``op_id >> 6`` and keeps, per group, its records and a 64-bit mask of the ids seen
+    (``bit_or``). Where every group has as many records as bits set, no id
+    (:data:`IDENTITY`) occurs twice: no duplicates, no conflicts, and only the identity
+    columns were read. Two writers whose hashes collide share a group, which can only
+    add records beyond its bits, never hide any: at worst their block takes the exact
+    pass. Otherwise only the records of the groups with more records than ids go to
+    the exact pass: keyed
     by the identity and a hash of all columns, which tells the same record twice (a
     duplicate) from different records claiming one id (a conflict). Sets ``rows_read``,
     ``duplicates``, ``conflicting_ids`` and ``conflicting_rows``.
@@ -455,8 +463,10 @@ def check_identities(records: DataFrame, quality: Quality) -> None:
     # Fixed-width buffers (a count and a long), so Spark's compiled hash aggregation
     # runs it and the partial aggregation shrinks each block to one row before the
     # shuffle: at 10M events (local[2], warm) 1.5 s against 3.3 for a shuffle of one id
-    # hash per record, and 5.6 for the id and row hashes together.
-    blocks = records.groupBy("producer", "purgatory", block).agg(
+    # hash per record, and 5.6 for the id and row hashes together. Keyed by two longs
+    # rather than two strings and a long: 1.03 s against 1.23.
+    writer = writer_hash().alias("_writer")
+    blocks = records.groupBy(writer, block).agg(
         F.count(F.lit(1)).alias("records"), F.bit_count(F.bit_or(seen)).alias("ids")
     )
     # A null op_id sets no bit, so its group always takes the exact pass.
@@ -468,16 +478,16 @@ def check_identities(records: DataFrame, quality: Quality) -> None:
     quality.duplicates = quality.conflicting_ids = quality.conflicting_rows = 0
     if not totals["shared"]:
         return
-    suspect = blocks.where(shared).select("producer", "purgatory", "_block").alias("s")
+    suspect = blocks.where(shared).select("_writer", "_block").alias("s")
     candidates = (
-        records.select("*", block)
+        records.select("*", writer, block)
         .alias("r")
         .join(
             suspect,
             on=[F.col(f"r.{name}").eqNullSafe(F.col(f"s.{name}")) for name in suspect.columns],
             how="left_semi",
         )
-        .drop("_block")
+        .drop("_writer", "_block")
     )
     columns = [*COLUMNS, CORRUPT]
     # The null flags keep (null, "x") and ("x", null) apart, which xxhash64 alone

@@ -317,3 +317,28 @@ def test_id_blocks_hold_at_their_edges(spark: Any, tmp_path: Path) -> None:
     clean = Quality()
     check_identities(frame.where(frame.producer.isNotNull()).dropDuplicates(), clean)
     assert (clean.duplicates, clean.conflicting_ids) == (0, 1)
+
+
+@pytest.mark.spark
+def test_writers_whose_hashes_collide_are_still_counted_exactly(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every writer hashed alike shares its id blocks with the others: the shared blocks
+    only take the exact pass, and the counts are those of distinct hashes."""
+    from pyspark.sql import functions as F
+
+    from purgatory_aio.analytics import report
+
+    records = [
+        GOOD._replace(producer=writer, purgatory=purgatory, op_id=op)
+        for writer, purgatory in (("w1", "fetch"), ("w2", "fetch"), ("w1", "produce"))
+        for op in range(70)
+    ]
+    records += [records[5], records[75]._replace(settled_at=START + 0.25)]
+    for name in ("distinct", "colliding"):
+        (tmp_path / name).mkdir()
+    distinct, _ = checked_identities(spark, tmp_path / "distinct", records)
+    monkeypatch.setattr(report, "writer_hash", lambda: F.lit(0).cast("long"))
+    colliding, _ = checked_identities(spark, tmp_path / "colliding", records)
+    assert (distinct.duplicates, distinct.conflicting_ids, distinct.conflicting_rows) == (1, 1, 2)
+    assert colliding.as_dict() == distinct.as_dict()
