@@ -296,6 +296,33 @@ def top_keys(by_key: DataFrame, n: int) -> DataFrame:
     return candidates.withColumn("rank", F.row_number().over(final)).where(F.col("rank") <= n)
 
 
+def top_keys_table(by_key: pa.Table, n: int) -> list[dict[str, Any]]:
+    """:func:`top_keys` of a key table read to the driver, as rows in the order
+    ``(purgatory, op_type, rank)``: the same rows Spark ranks, ordered as Spark orders
+    (text by its bytes, nulls first)."""
+    # Nulls first by a validity column ahead of each text column: pyarrow before 25 sets
+    # where nulls go for all columns at once, and the counts sort descending.
+    keys: list[tuple[str, str]] = []
+    flagged = by_key
+    for name in (*GROUP, "watched", "key"):
+        if name != "watched":
+            flagged = flagged.append_column(f"_valid_{name}", pc.is_valid(by_key[name]))
+            keys.append((f"_valid_{name}", "ascending"))
+        keys.append((name, "descending" if name == "watched" else "ascending"))
+    ordered = flagged.sort_by(keys).select(by_key.column_names)
+    groups = list(zip(*(ordered[name].to_pylist() for name in GROUP), strict=True))
+    kept: list[int] = []
+    ranks: list[int] = []
+    rank = 0
+    for index, group in enumerate(groups):
+        rank = rank + 1 if index and group == groups[index - 1] else 1
+        if rank <= n:
+            kept.append(index)
+            ranks.append(rank)
+    rows = ordered.take(pa.array(kept, pa.int64())).to_pylist()
+    return [{**row, "rank": rank} for row, rank in zip(rows, ranks, strict=True)]
+
+
 def timeline(per_second_table: DataFrame, start: int, bin_seconds: int) -> DataFrame:
     """Settled and expired operations per bin of ``bin_seconds``, for charts.
 

@@ -143,6 +143,10 @@ class ReportOutput:
             return str(self._local_target / relative)
         return f"{self.location.rstrip('/')}/{relative}"
 
+    def local_table(self, name: str) -> Path | None:
+        """The directory Spark wrote ``tables/NAME`` to, when the report is local."""
+        return self.files / "tables" / name if self._local_target is not None else None
+
     def write_small_table(self, name: str, table: pa.Table) -> None:
         """Write a table of a few rows at ``tables/NAME`` with pyarrow, laid out as Spark
         would (a directory of one part file) but without a Spark job (about 1.5 s each)."""

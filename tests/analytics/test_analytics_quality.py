@@ -194,6 +194,42 @@ def test_hot_key_top_n_equals_a_full_sort(spark: Any) -> None:
 
 
 @pytest.mark.spark
+def test_hot_keys_ranked_on_the_driver_are_the_ones_spark_ranks(spark: Any) -> None:
+    """Ties in the count (the smaller key first, by its bytes), null and non-ASCII keys,
+    a null group, groups with fewer keys than asked: the same rows in the same order."""
+
+    from purgatory_aio.analytics import metrics
+
+    rows = [
+        (purgatory, op_type, key, watched, watched // 2, watched // 3, 0, 0, watched / 7)
+        for purgatory, op_type, count in (("p", "A", 40), ("p", "B", 3), ("q", "A", 30))
+        for n in range(count)
+        for key, watched in ((f"k{n % 11}-{n}", (n * 7919) % 13 + 1),)
+    ]
+    rows += [
+        ("p", "A", None, 5, 0, 0, 0, 0, 0.0),
+        ("p", "A", "é", 13, 0, 0, 0, 0, 0.0),
+        ("p", "A", "z", 13, 0, 0, 0, 0, 0.0),
+        ("p", "A", "Z", 13, 0, 0, 0, 0, 0.0),
+        (None, "A", "k", 2, 0, 0, 0, 0, 0.0),
+    ]
+    schema = (
+        "purgatory string, op_type string, key string, watched long, completed long, "
+        "expired long, cancelled long, shutdown long, expiry_ratio double"
+    )
+    frame = spark.createDataFrame(rows, schema)
+    for top in (1, 5, 20):
+        expected = [
+            row.asDict()
+            for row in metrics.top_keys(frame, top).orderBy(*metrics.GROUP, "rank").collect()
+        ]
+        found = metrics.top_keys_table(frame.toArrow(), top)
+        assert found == expected, top
+    empty = metrics.top_keys_table(frame.limit(0).toArrow(), 3)
+    assert empty == []
+
+
+@pytest.mark.spark
 def test_a_key_listed_twice_counts_once_in_short_and_long_lists(spark: Any) -> None:
     """Repeated keys, null keys and lists longer than the in-place scan handles."""
     from purgatory_aio.analytics import metrics

@@ -255,11 +255,12 @@ def assert_same_report(first: Path, second: Path) -> None:
 def test_partials_too_many_to_collect_are_finished_by_spark_alike(
     spark: Any, event_log: Path, out_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A log whose per-second partials are too many for the driver gets the same report,
-    its figures, throughput table and timeline computed by Spark instead."""
+    """A log whose per-second partials and hot keys are too many for the driver gets the
+    same report, its figures, throughput table, timeline and top keys computed by Spark."""
     from purgatory_aio.analytics import report
 
     monkeypatch.setattr(report, "DRIVER_PARTIALS", 0)
+    monkeypatch.setattr(report, "DRIVER_KEYS", 0)  # and the top keys ranked by Spark
     out = tmp_path / "finished-by-spark"
     assert main([str(event_log), "--out", str(out), "--top-keys", str(TOP_KEYS)], spark=spark) == 0
     assert_same_report(out_dir, out)
