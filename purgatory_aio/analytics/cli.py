@@ -225,6 +225,8 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
     finally:
         if json_staging is not None:
             json_staging.close()
+    if own_session:
+        session.release_jvm()  # its exit overlaps this process's own
     print(f"{PROG}: {result.events:,} events, report in {result.markdown}")
     for problem in result.quality.problems():
         print(f"{PROG}: warning: {problem} (see the Data quality section)", file=sys.stderr)

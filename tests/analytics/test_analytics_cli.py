@@ -351,3 +351,36 @@ def test_a_dying_jvm_is_one_line_not_a_write_error(
     assert lines[0].startswith(f"purgatory-report: error: {expected}"), lines[0]
     assert "cannot write the report" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# Runs the command twice in one process, each starting its own JVM: the first's JVM is
+# let go once its report is written (its exit overlaps the process's own), the second
+# starts a new one.
+_TWICE = """
+import sys
+from purgatory_aio.analytics import cli, session
+first = cli.main(sys.argv[1:] + ["--out", sys.argv[1] + "-1"])
+released = session._Jvm.process is None
+print("first", first, "released", released, flush=True)
+second = cli.main(sys.argv[1:] + ["--out", sys.argv[1] + "-2"])
+print("second", second, flush=True)
+"""
+
+
+@pytest.mark.spark
+def test_a_command_lets_its_jvm_go_and_the_next_starts_a_new_one(tmp_path: Path) -> None:
+    write_parquet(tmp_path / "events" / "e.parquet", [EVENT._asdict()], arrow_schema())
+    command = [
+        sys.executable, "-c", _TWICE, str(tmp_path / "events"), "--master", "local[1]",
+        "--conf", "spark.driver.memory=1g",
+    ]  # fmt: skip
+    # No class archive: a first run on a machine would keep its JVM to write one.
+    env = {**os.environ, "PURGATORY_REPORT_CLASS_CACHE": "off"}
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, check=False, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "first 0 released True" in done.stdout, done.stdout + done.stderr
+    assert "second 0" in done.stdout, done.stdout + done.stderr
+    for run in ("1", "2"):
+        assert (tmp_path / f"events-{run}" / "report.md").is_file()
