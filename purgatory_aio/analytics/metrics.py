@@ -302,20 +302,24 @@ def top_keys_table(by_key: pa.Table, n: int) -> list[dict[str, Any]]:
     (text by its bytes, nulls first)."""
     # Nulls first by a validity column ahead of each text column: pyarrow before 25 sets
     # where nulls go for all columns at once, and the counts sort descending.
-    keys: list[tuple[str, str]] = []
     flagged = by_key
-    for name in (*GROUP, "watched", "key"):
-        if name != "watched":
-            flagged = flagged.append_column(f"_valid_{name}", pc.is_valid(by_key[name]))
-            keys.append((f"_valid_{name}", "ascending"))
-        keys.append((name, "descending" if name == "watched" else "ascending"))
+    for name in (*GROUP, "key"):
+        flagged = flagged.append_column(f"_valid_{name}", pc.is_valid(by_key[name]))
+
+    def nulls_first(name: str) -> list[tuple[str, str]]:
+        return [(f"_valid_{name}", "ascending"), (name, "ascending")]
+
+    keys = [key for name in GROUP for key in nulls_first(name)]
+    keys += [("watched", "descending"), *nulls_first("key")]
     ordered = flagged.sort_by(keys).select(by_key.column_names)
-    groups = list(zip(*(ordered[name].to_pylist() for name in GROUP), strict=True))
     kept: list[int] = []
     ranks: list[int] = []
+    previous: tuple[Any, ...] | None = None
     rank = 0
-    for index, group in enumerate(groups):
-        rank = rank + 1 if index and group == groups[index - 1] else 1
+    columns = (ordered[name].to_pylist() for name in GROUP)
+    for index, group in enumerate(zip(*columns, strict=True)):
+        rank = rank + 1 if group == previous else 1
+        previous = group
         if rank <= n:
             kept.append(index)
             ranks.append(rank)

@@ -145,12 +145,15 @@ class ReportOutput:
 
     def local_table(self, name: str) -> Path | None:
         """The directory Spark wrote ``tables/NAME`` to, when the report is local."""
-        return self.files / "tables" / name if self._local_target is not None else None
+        return self._table_dir(name) if self._local_target is not None else None
+
+    def _table_dir(self, name: str) -> Path:
+        return self.files / "tables" / name
 
     def write_small_table(self, name: str, table: pa.Table) -> None:
         """Write a table of a few rows at ``tables/NAME`` with pyarrow, laid out as Spark
         would (a directory of one part file) but without a Spark job (about 1.5 s each)."""
-        directory = self.files / "tables" / name
+        directory = self._table_dir(name)
         directory.mkdir(parents=True, exist_ok=True)
         # Timestamps as INT96, as Spark writes them by default
         # (spark.sql.parquet.outputTimestampType): a table has the same types whichever

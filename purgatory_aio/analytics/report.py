@@ -429,7 +429,7 @@ def _hot_keys(spark: SparkSession, events: DataFrame, output: ReportOutput, top:
     _write(metrics.key_stats(events), output, "hot_keys")
     written = output.local_table("hot_keys")
     parts = [] if written is None else sorted(written.glob("*.parquet"))
-    if parts and sum(pq.ParquetFile(part).metadata.num_rows for part in parts) <= DRIVER_KEYS:
+    if parts and sum(pq.read_metadata(part).num_rows for part in parts) <= DRIVER_KEYS:
         return metrics.top_keys_table(pq.read_table([str(part) for part in parts]), top)
     return [
         row.asDict()

@@ -514,8 +514,9 @@ def release_jvm() -> bool:
     if process is None or _ClassArchive.pending is not None:
         return False
     gateway = SparkContext._gateway
-    started_here = id(getattr(gateway, "proc", None)) == id(process)  # the gateway of this JVM
-    if gateway is None or not started_here or SparkContext._active_spark_context is not None:
+    if gateway is None or gateway.proc is not process:  # another JVM's gateway
+        return False
+    if SparkContext._active_spark_context is not None:
         return False
     _Jvm.process = None
     SparkContext._gateway = None
