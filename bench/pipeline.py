@@ -213,8 +213,8 @@ def _report_process(
     return time.perf_counter() - started
 
 
-#: Summary keys that may differ between runs split differently: percentile_approx merges
-#: its partial summaries in the order the partitions give (within its rank error).
+#: Summary keys that may differ between two runs: the percentiles come from randomized
+#: sketches (within their rank error).
 _APPROXIMATE = ("latency_p", "lateness_p")
 
 
@@ -376,7 +376,7 @@ def duckdb_figures(log_dir: Path, fmt: str) -> tuple[float, dict[str, Any]]:
     return elapsed, figures
 
 
-#: The report's documented relative rank error (percentile_approx accuracy 10,000).
+#: The report's documented relative rank error (accuracy 10,000).
 RANK_ERROR = 1e-4
 
 

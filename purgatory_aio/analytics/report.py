@@ -405,7 +405,7 @@ def _figures(unique: DataFrame, null_free: frozenset[str], cached: list[DataFram
 def _curves(events: DataFrame) -> dict[tuple[str, str, str], list[float]]:
     """The percentile curve per (purgatory, op_type, outcome) of the completed and
     expired operations, in an aggregation of their own, over the rows they describe:
-    percentile_approx's buffers would take every other figure off the hash path."""
+    a sketch's buffer would take every other figure off the hash path."""
     return {
         (row["purgatory"], row["op_type"], row["outcome"]): row["curve"]
         for row in events.where(F.col("outcome").isin("completed", "expired"))

@@ -445,7 +445,13 @@ def create_session(
 
 #: What the JVM prints on its own at start-up that says nothing to a report's user
 #: (Spark 4 loads the vector incubator module; Java warns about it on every start).
-JVM_NOISE = re.compile(r"WARNING: Using incubator modules: .*")
+JVM_NOISE = re.compile(
+    r"WARNING: Using incubator modules: .*"
+    # DataSketches (the percentiles' sketches) on any Java after 11, once per JVM; it
+    # uses no off-heap memory here.
+    r"|Warning: Java versions > Java 11 can only operate in restricted mode where no "
+    r"off-heap operations are allowed!"
+)
 
 #: Exit status of a Spark JVM that ran out of memory (Spark's ``SparkExitCode.OOM``).
 OOM_EXIT_STATUS = 52

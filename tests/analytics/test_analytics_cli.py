@@ -292,6 +292,8 @@ def test_the_jvm_start_up_noise_is_dropped_and_its_errors_kept() -> None:
 
     source = io.BytesIO(
         b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+        b"Warning: Java versions > Java 11 can only operate in restricted mode where no "
+        b"off-heap operations are allowed!\n"
         b"Error occurred during initialization of VM\n"
         b"spark: ERROR SparkContext: Error initializing SparkContext.\n"
     )

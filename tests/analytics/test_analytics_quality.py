@@ -182,6 +182,67 @@ def test_tail_percentiles_are_withheld_where_the_rank_error_spans_the_tail() -> 
 
 
 @pytest.mark.spark
+def test_percentiles_are_observed_values_within_the_rank_error_and_exact_when_few(
+    spark: Any,
+) -> None:
+    """A group beyond what a sketch keeps (150,000 values, many tied), one within it
+    (3,000: exact, the value at rank ceil(q * n)), expired operations early and late,
+    and a group whose every value is NaN (no curve, no error)."""
+    import math
+
+    from pyspark.sql import functions as F
+
+    from purgatory_aio.analytics.metrics import CURVE_QUANTILES, RANK_ERROR, SKETCH_K
+    from purgatory_aio.analytics.report import _curves
+
+    created = F.lit(1.7e9) + F.col("id") / 1000
+    big = spark.range(150_000).select(
+        F.lit("p").alias("purgatory"),
+        F.lit("Big").alias("op_type"),
+        F.lit("completed").alias("outcome"),
+        created.alias("created_at"),
+        (created + 1.0).alias("deadline"),
+        # Log-normal, rounded to the millisecond: long runs of equal values.
+        (created + F.round(F.exp(F.randn(seed=7)) / 10, 3)).alias("settled_at"),
+    )
+    small = spark.range(3_000).select(
+        F.lit("p").alias("purgatory"),
+        F.lit("Small").alias("op_type"),
+        F.when(F.col("id") % 3 == 0, "expired").otherwise("completed").alias("outcome"),
+        created.alias("created_at"),
+        (created + 0.5).alias("deadline"),
+        (created + 0.5 + (F.col("id") * 7919 % 1013 - 500) / 1e4).alias("settled_at"),
+    )
+    nan = spark.range(5).select(
+        F.lit("p").alias("purgatory"),
+        F.lit("NaN").alias("op_type"),
+        F.lit("completed").alias("outcome"),
+        F.lit(float("nan")).alias("created_at"),
+        F.lit(1.7e9).alias("deadline"),
+        F.lit(1.7e9).alias("settled_at"),
+    )
+    events = big.unionByName(small).unionByName(nan)
+    judged = events.select(
+        "op_type",
+        "outcome",
+        F.when(F.col("outcome") == "completed", F.col("settled_at") - F.col("created_at"))
+        .otherwise(F.col("settled_at") - F.col("deadline"))
+        .alias("v"),
+    ).collect()
+    curves = _curves(events)
+    assert curves[("p", "NaN", "completed")] is None
+    for key in [("p", "Big", "completed"), ("p", "Small", "completed"), ("p", "Small", "expired")]:
+        values = sorted(r["v"] for r in judged if (r["op_type"], r["outcome"]) == key[1:])
+        n = len(values)
+        allowed = 0 if n <= SKETCH_K else RANK_ERROR * n
+        for quantile, reported in zip(CURVE_QUANTILES, curves[key], strict=True):
+            rank = min(max(math.ceil(quantile * n), 1), n)
+            first = values.index(reported) + 1  # raises unless an observed value
+            last = first + values.count(reported) - 1
+            assert first - allowed <= rank <= last + allowed, (key, quantile)
+
+
+@pytest.mark.spark
 def test_hot_key_top_n_equals_a_full_sort(spark: Any) -> None:
     from purgatory_aio.analytics import metrics
 
