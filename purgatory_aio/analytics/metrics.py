@@ -106,8 +106,47 @@ def second_of(valid: Column) -> Column:
     return F.when(valid, F.floor("settled_at").cast("long")).alias(SECOND)
 
 
-def partial_aggregates(valid: Column | None = None) -> list[Column]:
-    """Every plain figure as partials per (purgatory, op_type, :func:`second_of`).
+#: Column of :func:`expiring_fractions`, which :func:`partial_aggregates` counts.
+EXPIRING = "_expiring"
+
+
+def expiring_fractions(valid: Column) -> Column:
+    """How many of :data:`WHATIF_FRACTIONS` would have expired a valid settled operation.
+
+    All of them for an expired one. For a completed one, the fractions ``f`` for which
+    ``f * (deadline - created_at) < settled_at - created_at`` (it was slower than the
+    shorter timeout); a valid row has ``deadline >= created_at``, so ``f * timeout``
+    grows with ``f`` and those fractions are the first ones: their count is found in
+    five comparisons (a binary search), not twenty. Null for every other row.
+
+    One column, read by the twenty counts of :func:`partial_aggregates`, where each
+    count had made its own comparison: the 10M-event report 16.5 s against 17.1 on
+    average (Parquet, local[2], three runs each, alternated).
+    """
+    # Each comparison parsed from SQL in one call to the JVM rather than built from a
+    # dozen (0.16 s less at the start of a report on a fresh JVM); ``D``: a double.
+    slower = [
+        F.expr(f"{f!r}D * (deadline - created_at) < settled_at - created_at")
+        for f in WHATIF_FRACTIONS
+    ]
+
+    def count(low: int, high: int) -> Column:
+        # Of the fractions low..high (1-based), given that those below low are slower.
+        if low > high:
+            return F.lit(low - 1)
+        middle = (low + high) // 2
+        return F.when(slower[middle - 1], count(middle + 1, high)).otherwise(count(low, middle - 1))
+
+    return (
+        F.when(valid & _is("expired"), F.lit(len(WHATIF_FRACTIONS)))
+        .when(valid & _is("completed"), count(1, len(WHATIF_FRACTIONS)))
+        .alias(EXPIRING)
+    )
+
+
+def partial_aggregates(valid: Column) -> list[Column]:
+    """Every plain figure as partials per (purgatory, op_type, :func:`second_of`), over
+    rows that carry :func:`expiring_fractions` (column :data:`EXPIRING`).
 
     Counts, sums, minima and maxima only, so they add up exactly to the figures of a
     whole group (:func:`group_figures`) and their buffers are fixed-width numbers:
@@ -124,23 +163,17 @@ def partial_aggregates(valid: Column | None = None) -> list[Column]:
         valid: Rows to count; the others are left out of every figure (so one
             aggregation can also count what it leaves out).
     """
-    keep = F.lit(True) if valid is None else valid
-    completed, expired = keep & _is("completed"), keep & _is("expired")
+    completed, expired = valid & _is("completed"), valid & _is("expired")
     completion = F.when(completed, latency())
-    given = F.when(keep, timeout())
-    settled = F.when(keep, F.col("settled_at"))
-    # Each comparison parsed from SQL in one call to the JVM rather than built from a
-    # dozen (0.16 s less at the start of a report on a fresh JVM); ``D``: a double.
-    slower = "D * (deadline - created_at) < settled_at - created_at"
+    given = F.when(valid, timeout())
+    settled = F.when(valid, F.col("settled_at"))
     would_expire = [
-        F.count(F.when(expired | (completed & F.expr(f"{f!r}{slower}")), 1)).alias(
-            f"_would_{index}"
-        )
-        for index, f in enumerate(WHATIF_FRACTIONS)
+        F.count(F.when(F.col(EXPIRING) > index, 1)).alias(f"_would_{index}")
+        for index in range(len(WHATIF_FRACTIONS))
     ]
     return [
-        F.count(F.when(keep, 1)).alias("count"),
-        *(F.count(F.when(keep & _is(outcome), 1)).alias(outcome) for outcome in OUTCOMES),
+        F.count(F.when(valid, 1)).alias("count"),
+        *(F.count(F.when(valid & _is(outcome), 1)).alias(outcome) for outcome in OUTCOMES),
         F.sum(completion).alias("latency_sum"),
         F.min(completion).alias("latency_min"),
         F.max(completion).alias("latency_max"),

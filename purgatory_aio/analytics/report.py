@@ -536,7 +536,8 @@ def _partials(unique: DataFrame, null_free: frozenset[str]) -> DataFrame:
     per-second counts in passes of their own).
     """
     valid = F.col(REASON).isNull()
-    return unique.groupBy(*GROUP, metrics.second_of(valid)).agg(
+    rows = unique.withColumn(metrics.EXPIRING, metrics.expiring_fractions(valid))
+    return rows.groupBy(*GROUP, metrics.second_of(valid)).agg(
         *metrics.partial_aggregates(valid),
         *check_aggregates(F.col(COPIES), null_free),
         F.sum(F.col(COPIES) - 1).alias("_duplicates"),

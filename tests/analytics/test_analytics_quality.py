@@ -182,6 +182,51 @@ def test_tail_percentiles_are_withheld_where_the_rank_error_spans_the_tail() -> 
 
 
 @pytest.mark.spark
+def test_whatif_counts_hold_at_the_fraction_boundaries(spark: Any, tmp_path: Path) -> None:
+    """Latencies exactly at ``f * timeout`` (equal, one ulp either side), a zero timeout,
+    a zero latency and an excluded record: the counts of plain Python, which compares
+    each fraction on its own."""
+    import math
+
+    import pyarrow.parquet as pq
+    from eventlog_reference import would_expire
+
+    from purgatory_aio.analytics.metrics import WHATIF_FRACTIONS
+
+    events = []
+    op_id = 0
+
+    def add(timeout: float, latency: float, outcome: str = "completed") -> None:
+        nonlocal op_id
+        op_id += 1
+        created = START + op_id
+        deadline, settled = created + timeout, created + latency
+        events.append(
+            OperationEvent("p", "Op", op_id, ["k"], created, deadline, settled, outcome, None)
+        )
+
+    for fraction in WHATIF_FRACTIONS:
+        for timeout in (0.2, 0.3, 1.0, 7.0):
+            at = fraction * timeout
+            for latency in (at, math.nextafter(at, 0.0), math.nextafter(at, math.inf)):
+                add(timeout, latency)
+    add(0.0, 0.0)
+    add(0.0, 0.5)
+    add(0.5, 0.0)
+    add(0.5, 0.9, "expired")
+    add(0.5, 0.9, "cancelled")
+    with ParquetWriter(tmp_path / "events") as writer:
+        for event in events:
+            writer.emit(event)
+        writer.emit(events[0]._replace(op_id=10_000, deadline=START - 1.0))  # excluded
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "events"), "--out", str(out)], spark=spark) == 0
+    rows = pq.read_table(out / "tables" / "whatif").to_pylist()
+    found = {row["timeout_fraction"]: row["would_expire"] for row in rows}
+    assert found == {fraction: would_expire(events, fraction) for fraction in WHATIF_FRACTIONS}
+
+
+@pytest.mark.spark
 def test_percentiles_are_observed_values_within_the_rank_error_and_exact_when_few(
     spark: Any,
 ) -> None:
