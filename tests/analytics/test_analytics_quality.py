@@ -337,12 +337,30 @@ def test_hot_keys_ranked_on_the_driver_are_the_ones_spark_ranks(spark: Any) -> N
 
 @pytest.mark.spark
 def test_a_key_listed_twice_counts_once_in_short_and_long_lists(spark: Any) -> None:
-    """Repeated keys, null keys and lists longer than the in-place scan handles."""
+    """Repeated keys, null keys anywhere, lists of one to seven keys and longer than the
+    in-place scan handles."""
     from purgatory_aio.analytics import metrics
 
     long_list = [f"k{n % 7}" for n in range(3 * metrics.SHORT_KEY_LIST)]
-    lists = [["a", "a", "b"], [None, "a", None], ["b", "a", "b", "a"], long_list, [], ["a"]]
-    outcomes = ["completed", "expired", "completed", "cancelled", "completed", "expired"]
+    lists = [
+        ["a", "a", "b"],
+        [None, "a", None],
+        ["b", "a", "b", "a"],
+        long_list,
+        [],
+        ["a"],
+        [None],
+        [None, None],
+        ["a", None],
+        ["c", "a"],
+        ["a", "a"],
+        ["a", "b", "c", "d"],
+        ["a", "b", "c", "a"],
+        ["a", "b", "c", "d", "e"],
+        ["a", "b", "c", "d", "b"],
+        ["e", "d", "c", "b", "a", "e", None],
+    ]
+    outcomes = ["completed", "expired", "cancelled", "shutdown"] * 4
     frame = spark.createDataFrame(
         [("p", "Op", keys, outcome) for keys, outcome in zip(lists, outcomes, strict=True)],
         "purgatory string, op_type string, keys array<string>, outcome string",
