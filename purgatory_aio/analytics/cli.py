@@ -252,8 +252,10 @@ _UNCLEAN_SHUTDOWN = "Unable to cleanly shutdown Spark JVM process"
 
 def _stop(spark: Session) -> None:
     """Stop a session this command started; a dead JVM has nothing left to stop."""
+    from purgatory_aio.analytics import session
+
     try:
-        spark.stop()
+        session.stop_session(spark)
     except Exception:  # the run's own error (or the JVM's death) is what gets reported
         return
 

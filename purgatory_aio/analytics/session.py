@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -504,6 +505,44 @@ def _launch_jvm(master: str, settings: Mapping[str, str]) -> None:
             daemon=True,
         ).start()
     SparkContext(conf=conf, gateway=gateway)
+
+
+def stop_session(spark: SparkSession) -> None:
+    """``spark.stop()``, without most of its wait for PySpark's accumulator server.
+
+    That server (a ``socketserver`` on its own thread) notices a shutdown only when
+    its ``select`` returns: every half second, or at a connection. Stopping the
+    session waited 0.3-0.4 s for it, the JVM's own stop 0.04 s. A thread here
+    connects once the server is told to shut down; the server's handler then returns
+    at once (it serves only while the server runs) and its loop ends. Anything
+    unexpected (another PySpark, a server already closed) only leaves the wait as it was.
+    """
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None and hasattr(server, "server_shutdown"):
+        threading.Thread(
+            target=_wake_accumulator_server, args=(server,), name="accumulator-wake", daemon=True
+        ).start()
+    spark.stop()
+
+
+def _wake_accumulator_server(server: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not getattr(server, "server_shutdown", True):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+    address = getattr(server, "server_address", None)
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    # Twice: a first connection seen before the loop's own shutdown flag is set only
+    # sends it round once more.
+    for _ in range(2):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                probe.connect(address)  # type: ignore[arg-type]
+        except (OSError, TypeError, ValueError):
+            return
+        time.sleep(0.01)
 
 
 def release_jvm() -> bool:

@@ -386,3 +386,30 @@ def test_a_command_lets_its_jvm_go_and_the_next_starts_a_new_one(tmp_path: Path)
     assert "second 0" in done.stdout, done.stdout + done.stderr
     for run in ("1", "2"):
         assert (tmp_path / f"events-{run}" / "report.md").is_file()
+
+
+def test_the_accumulator_server_is_woken_to_stop_without_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """PySpark's own server, stopped as a session stops it, with the wake-up beside it:
+    the serving thread ends, its handler (serving the wake-up) reports nothing."""
+    import threading
+
+    from pyspark.accumulators import _start_update_server
+
+    from purgatory_aio.analytics.session import _wake_accumulator_server
+
+    before = set(threading.enumerate())
+    server = _start_update_server("secret-token", False)
+    serving = [t for t in set(threading.enumerate()) - before if "serve_forever" in t.name]
+    assert serving
+    waker = threading.Thread(target=_wake_accumulator_server, args=(server,))
+    waker.start()
+    server.shutdown()
+    waker.join(timeout=10)
+    assert not waker.is_alive()
+    for thread in serving:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    assert "Traceback" not in capsys.readouterr().err
+    _wake_accumulator_server(server, timeout=0.1)  # closed already: returns quietly
