@@ -234,10 +234,17 @@ def test_percentiles_are_observed_values_within_the_rank_error_and_exact_when_fe
     (3,000: exact, the value at rank ceil(q * n)), expired operations early and late,
     and a group whose every value is NaN (no curve, no error)."""
     import math
+    from bisect import bisect_left, bisect_right
 
     from pyspark.sql import functions as F
 
-    from purgatory_aio.analytics.metrics import CURVE_QUANTILES, RANK_ERROR, SKETCH_K
+    from purgatory_aio.analytics.metrics import (
+        CURVE_QUANTILES,
+        JUDGED,
+        RANK_ERROR,
+        SKETCH_K,
+        percentile_input,
+    )
     from purgatory_aio.analytics.report import _curves
 
     created = F.lit(1.7e9) + F.col("id") / 1000
@@ -267,23 +274,17 @@ def test_percentiles_are_observed_values_within_the_rank_error_and_exact_when_fe
         F.lit(1.7e9).alias("settled_at"),
     )
     events = big.unionByName(small).unionByName(nan)
-    judged = events.select(
-        "op_type",
-        "outcome",
-        F.when(F.col("outcome") == "completed", F.col("settled_at") - F.col("created_at"))
-        .otherwise(F.col("settled_at") - F.col("deadline"))
-        .alias("v"),
-    ).collect()
+    judged = events.select("op_type", "outcome", percentile_input()).collect()
     curves = _curves(events)
     assert curves[("p", "NaN", "completed")] is None
     for key in [("p", "Big", "completed"), ("p", "Small", "completed"), ("p", "Small", "expired")]:
-        values = sorted(r["v"] for r in judged if (r["op_type"], r["outcome"]) == key[1:])
+        values = sorted(r[JUDGED] for r in judged if (r["op_type"], r["outcome"]) == key[1:])
         n = len(values)
         allowed = 0 if n <= SKETCH_K else RANK_ERROR * n
         for quantile, reported in zip(CURVE_QUANTILES, curves[key], strict=True):
             rank = min(max(math.ceil(quantile * n), 1), n)
-            first = values.index(reported) + 1  # raises unless an observed value
-            last = first + values.count(reported) - 1
+            first, last = bisect_left(values, reported) + 1, bisect_right(values, reported)
+            assert first <= last, (key, quantile)  # an observed value
             assert first - allowed <= rank <= last + allowed, (key, quantile)
 
 
