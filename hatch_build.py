@@ -21,19 +21,16 @@ Two uses:
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
+import ast
 import json
 import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +59,13 @@ COMPILED_MODULES = (
 #: compiled build fails without them, as without any compiled module.
 NATIVE_MODULES = ("_untrack",)
 
-#: What compiling needs in the build environment (mypyc type-checks the modules,
-#: so the package's own dependencies must be importable too).
-COMPILE_REQUIRES = ["mypy>=1.10", "setuptools>=65", "anyio>=4.4", "structlog>=24.1"]
+#: What compiling needs in the build environment. mypyc type-checks the modules, so the
+#: package's own dependencies must be there for their type information (nothing of the
+#: package is imported at build time). mypy is held to the releases the suite runs
+#: with: the C it writes is patched per site below, and a release that writes it
+#: differently fails the compiled build loudly (and ``auto`` falls back to pure).
+MYPY_REQUIREMENT = "mypy>=2.4,<2.5"
+COMPILE_REQUIRES = [MYPY_REQUIREMENT, "setuptools>=65", "anyio>=4.4", "structlog>=24.1"]
 
 #: Written beside the compiled extensions: what ``purgatory_aio._native.restore_docs``
 #: gives the compiled classes and coroutine functions at import (see :func:`_carry_docs`).
@@ -91,6 +92,10 @@ def requested_mode() -> str:
 
 def missing_toolchain() -> str | None:
     """Why a C extension cannot be built here, or None when it can."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        # mypyc's support for free-threaded interpreters is partial and the compiled core
+        # is untested there: such an interpreter gets the pure core.
+        return "a free-threaded interpreter (the compiled core is built for the GIL only)"
     compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     argv = shlex.split(compiler)
     if not argv or shutil.which(argv[0]) is None:
@@ -131,7 +136,7 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     out.mkdir(parents=True, exist_ok=True)
     shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     sources = [f"{_PACKAGE}/{name}.py" for name in COMPILED_MODULES]
-    docs = _pure_docs(out)
+    docs = collect_docs(out)
     (package / DOCS_FILE).write_text(json.dumps(docs["runtime"], indent=1, sort_keys=True))
     cwd = Path.cwd()
     os.chdir(out)
@@ -164,6 +169,11 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
 #: What the weakref fix puts before every compiled deallocator frees its object.
 _CLEAR_WEAKREFS = "if (Py_TYPE(self)->tp_weaklistoffset) PyObject_ClearWeakRefs((PyObject *)self);"
 _FREEING = re.compile(r"^(?P<indent>[ \t]*)CPy_TRASHCAN_BEGIN\(self, ", re.MULTILINE)
+#: Every deallocator mypyc defines, and those the fix reached (by the function's name).
+_DEALLOCATOR = re.compile(r"^[ \t]*(\w+_dealloc)\(\w+ \*self\)\s*\{", re.MULTILINE)
+_PATCHED_DEALLOC = re.compile(
+    re.escape(_CLEAR_WEAKREFS) + r"\n[ \t]*CPy_TRASHCAN_BEGIN\(self, (\w+_dealloc)\)"
+)
 
 
 def _clear_weakrefs_on_dealloc(extensions: list[Any]) -> None:
@@ -180,120 +190,123 @@ def _clear_weakrefs_on_dealloc(extensions: list[Any]) -> None:
     ``tests/test_operation_weakrefs.py`` holds both builds to it. mypyc itself is
     compiled, so its code generator cannot be patched: the C it wrote is.
     """
-    patched = 0
+    unpatched: list[str] = []
+    found = 0
     for extension in extensions:
         for source in extension.sources:
             path = Path(source)
             text = path.read_text()
-            text, count = _FREEING.subn(lambda m: f"{m['indent']}{_CLEAR_WEAKREFS}\n{m[0]}", text)
-            if count:
-                path.write_text(text)
-                patched += count
-    if not patched:
+            text = _FREEING.sub(lambda m: f"{m['indent']}{_CLEAR_WEAKREFS}\n{m[0]}", text)
+            path.write_text(text)
+            # Checked per site: every deallocator mypyc wrote must have been patched.
+            patched = set(_PATCHED_DEALLOC.findall(text))
+            deallocators = set(_DEALLOCATOR.findall(text))
+            found += len(deallocators)
+            unpatched += sorted(deallocators - patched)
+    if unpatched or not found:
         raise BuildError(
             "this mypyc version writes its deallocators differently: the weakref fix in "
-            f"{Path(__file__).name} does not apply (build with {ENV_VAR}=pure)"
+            f"{Path(__file__).name} did not apply to {', '.join(unpatched) or 'any deallocator'}"
         )
 
 
-# -- docstrings and signatures -----------------------------------------------------------------
+# -- docstrings ---------------------------------------------------------------------------------
 #
 # mypyc drops every docstring: a compiled class, method or property has none, so help()
-# and IDE hovers show nothing. The build restores what the pure modules say, exactly as
-# the interpreter reports it there (they are imported in a subprocess, from the copy
-# being compiled): methods, functions and properties get it in their C definitions (a
-# method's after the text signature mypyc writes), classes and coroutine functions (whose
-# compiled objects take neither in C) at import, from DOCS_FILE.
-
-
-def _pure_docs(root: Path) -> dict[str, Any]:
-    """What the pure modules under ``root`` document (see :func:`collect_docs`)."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "--collect-docs", str(root)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
-    if done.returncode != 0:
-        raise BuildError(f"reading the docstrings of the pure modules failed:\n{done.stderr}")
-    docs: dict[str, Any] = json.loads(done.stdout)
-    return docs
+# and IDE hovers show nothing. The build restores what the pure source says, read from the
+# source text (never by importing it) and exactly as this interpreter would report it:
+# methods, functions and properties get it in their C definitions (a method's after the
+# text signature mypyc writes), classes at import, from DOCS_FILE.
 
 
 def collect_docs(root: Path) -> dict[str, Any]:
-    """The docstrings and signatures of the compiled modules, read from their pure source.
+    """The docstrings and signatures of the compiled modules, read from their source.
 
-    ``c``: by the prefix mypyc names a class's (or a module's) C functions with, the
-    docstring of each method, function and property; ``runtime``: by module, the
-    docstring of each class, and the docstring and signature of each coroutine function
-    (a class's as ``Class.name``).
+    Read statically (the package is never imported at build time, so nothing about the
+    interpreter building it, nor the package's own dependencies, can break the build):
+    each module's top-level classes and functions and each class's methods, as the
+    interpreter would define them. ``c``: by the prefix mypyc names a class's (or a
+    module's) C functions with, the docstring of each method, function and property;
+    ``runtime``: by module, the docstring of each class.
     """
-    sys.path.insert(0, str(root))
     c_docs: dict[str, dict[str, str]] = {}
     runtime: dict[str, dict[str, Any]] = {}
     for name in COMPILED_MODULES:
-        module = importlib.import_module(f"{_PACKAGE}.{name}")
+        path = root / _PACKAGE / f"{name}.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         classes: dict[str, str | None] = {}
-        coroutines: dict[str, Any] = {}
-        owners: list[tuple[str, str, Mapping[str, Any]]] = [(name, "", vars(module))]
-        for attr, obj in vars(module).items():
-            if isinstance(obj, type) and obj.__module__ == module.__name__:
-                classes[attr] = obj.__doc__
-                owners.append((f"{name}___{attr}", f"{attr}.", vars(obj)))
-        for prefix, qualifier, namespace in owners:
-            for attr, obj in namespace.items():
-                func = obj.__func__ if isinstance(obj, staticmethod | classmethod) else obj
-                if getattr(func, "__module__", module.__name__) != module.__name__:
-                    continue  # imported, or a class attribute that is no function
-                if inspect.iscoroutinefunction(func):
-                    coroutines[qualifier + attr] = {
-                        "doc": func.__doc__,
-                        "signature": _signature_data(func),
-                    }
-                elif (isinstance(obj, property) or inspect.isfunction(func)) and obj.__doc__:
-                    c_docs.setdefault(prefix, {})[attr] = obj.__doc__
-        runtime[f"{_PACKAGE}.{name}"] = {"classes": classes, "coroutines": coroutines}
+        owners: list[tuple[str, list[ast.stmt]]] = [(name, tree.body)]
+        for node in _definitions(tree.body):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = _docstring(node)
+                owners.append((f"{name}___{node.name}", node.body))
+        for prefix, body in owners:
+            for node in _definitions(body):
+                if isinstance(node, ast.AsyncFunctionDef):
+                    raise BuildError(
+                        f"{path.name}: {node.name} is a coroutine function; the compiled "
+                        "modules keep their coroutines in interpreted code (see _shell.py)"
+                    )
+                if not isinstance(node, ast.FunctionDef) or _is_accessor(node):
+                    continue
+                doc = _docstring(node)
+                if doc:
+                    c_docs.setdefault(prefix, {})[node.name] = doc
+        runtime[f"{_PACKAGE}.{name}"] = {"classes": classes}
     return {"c": c_docs, "runtime": runtime}
 
 
-def _signature_data(func: Any) -> dict[str, Any]:
-    """``inspect.signature(func)`` as JSON: annotations are strings (postponed
-    evaluation), defaults literals (written as their repr)."""
-    signature = inspect.signature(func)
-    params = []
-    for param in signature.parameters.values():
-        default = None
-        if param.default is not param.empty:
-            default = repr(param.default)
-            _check_literal(default, func)
-        params.append([param.name, int(param.kind), default, _annotation(param.annotation, func)])
-    return {"params": params, "returns": _annotation(signature.return_annotation, func)}
+def _definitions(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of ``body`` that define a name there, the branches of an ``if``
+    or ``try`` included (a later definition of a name replaces an earlier one, as at run
+    time; dict order keeps the first position, as a namespace does)."""
+    found: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            if _is_accessor(node):
+                continue  # ``@x.setter``: the property keeps its getter's docstring
+            found[node.name] = node
+        elif isinstance(node, ast.If):
+            for inner in _definitions(node.body) + _definitions(node.orelse):
+                found[inner.name] = inner  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Try):
+            for block in (node.body, *(h.body for h in node.handlers), node.orelse):
+                for inner in _definitions(block):
+                    found[inner.name] = inner  # type: ignore[attr-defined]
+    return list(found.values())
 
 
-def _check_literal(text: str, func: Any) -> None:
-    import ast
-
-    try:
-        ast.literal_eval(text)
-    except ValueError:
-        raise BuildError(
-            f"{func.__qualname__}: default {text} is no literal, so its signature cannot be "
-            "given to the compiled build"
-        ) from None
+def _is_accessor(node: ast.stmt) -> bool:
+    """A property's setter or deleter (``@name.setter``)."""
+    return isinstance(node, ast.FunctionDef) and any(
+        isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter")
+        for d in node.decorator_list
+    )
 
 
-def _annotation(annotation: object, func: Any) -> str | None:
-    if annotation is inspect.Parameter.empty:
+def _docstring(node: ast.ClassDef | ast.FunctionDef) -> str | None:
+    """``node``'s docstring exactly as this interpreter reports it (3.13 and later strip
+    its indentation when compiling): the docstring alone is compiled as a module's."""
+    if not node.body:
         return None
-    if not isinstance(annotation, str):
-        raise BuildError(
-            f"{func.__qualname__}: annotation {annotation!r} is not a string: the compiled "
-            "modules postpone their annotations (from __future__ import annotations)"
-        )
-    return annotation
+    first = node.body[0]
+    if not (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        return None
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body=[first], type_ignores=[]), "<docstring>", "exec"), namespace)
+    doc: str | None = namespace.get("__doc__")
+    return doc
 
 
 #: A method or module function in one of mypyc's method tables, with its doc: the
 #: text signature mypyc wrote (``name($self, a, b)\n--\n\n``).
 _METHOD_ENTRY = re.compile(
     r'\{"(?P<name>[^"]+)",\s*\(PyCFunction\)CPyPy_(?P<symbol>\w+),\s*(?P<flags>[\w |]+),'
-    r'\s*PyDoc_STR\((?P<doc>"(?:[^"\\]|\\.)*")\)\}'
+    r'\s*PyDoc_STR\((?P<doc>"(?:[^"\\]|\\.)*")\)(?:\s*/\*[^*]*\*/)?\s*\}'
 )
 #: A property (or attribute) in a getset table; its doc is the NULL after the setter.
 _GETSET_ENTRY = re.compile(
@@ -304,25 +317,24 @@ _GETSET_ENTRY = re.compile(
 
 def _carry_docs(extensions: list[Any], docs: dict[str, dict[str, str]]) -> None:
     """Write the pure modules' docstrings into the generated method and getset tables."""
-    placed = 0
+    placed: set[tuple[str, str]] = set()
 
     def method(match: re.Match[str]) -> str:
-        nonlocal placed
         name, symbol = match["name"], match["symbol"]
         if not symbol.endswith(f"___{name}"):
             return match[0]
-        doc = docs.get(symbol[: -len(name) - 3], {}).get(name)
+        prefix = symbol[: -len(name) - 3]
+        doc = docs.get(prefix, {}).get(name)
         if doc is None:
             return match[0]
-        placed += 1
+        placed.add((prefix, name))
         return match[0].replace(match["doc"], f"{match['doc']} {_c_string(doc)}", 1)
 
     def getset(match: re.Match[str]) -> str:
-        nonlocal placed
         doc = docs.get(match["prefix"], {}).get(match["name"])
         if doc is None:
             return match[0]
-        placed += 1
+        placed.add((match["prefix"], match["name"]))
         return f"{match[0][: -len('NULL,')]}{_c_string(doc)},"
 
     for extension in extensions:
@@ -332,10 +344,15 @@ def _carry_docs(extensions: list[Any], docs: dict[str, dict[str, str]]) -> None:
             patched = _GETSET_ENTRY.sub(getset, _METHOD_ENTRY.sub(method, text))
             if patched != text:
                 path.write_text(patched)
-    if not placed:
+    # Checked per site: every documented method, function and property must have been
+    # given its docstring.
+    expected = {(prefix, name) for prefix, names in docs.items() for name in names}
+    missing = sorted(expected - placed)
+    if missing:
         raise BuildError(
-            "this mypyc version writes its method tables differently: the docstrings in "
-            f"{Path(__file__).name} cannot be placed (build with {ENV_VAR}=pure)"
+            "this mypyc version writes its method tables differently: the docstrings of "
+            f"{', '.join(f'{prefix}.{name}' for prefix, name in missing)} could not be "
+            f"placed by {Path(__file__).name}"
         )
 
 
@@ -352,10 +369,16 @@ def _c_string(text: str) -> str:
     return " ".join(pieces)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
     """Put the compiled core into the wheel (see the module docstring)."""
 
     PLUGIN_NAME = "custom"
+    _workdir: tempfile.TemporaryDirectory[str] | None = None
 
     def _mode(self, version: str) -> str:
         if self.target_name != "wheel" or version == "editable":
@@ -377,15 +400,22 @@ class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
                     f"{ENV_VAR}=compiled but {missing}: install a C compiler and the Python "
                     f"headers, or build the pure-Python core with {ENV_VAR}=pure"
                 )
-            self.app.display_warning(
-                f"purgatory-aio: {missing}; building the pure-Python core "
-                f"(slower; {ENV_VAR}=compiled makes this an error)"
-            )
+            self._fall_back(missing)
             return
         self._workdir = tempfile.TemporaryDirectory(prefix="purgatory-aio-mypyc-")
         out = Path(self._workdir.name)
         started = time.monotonic()
-        package = build(out, source=Path(self.root) / _PACKAGE)
+        try:
+            package = build(out, source=Path(self.root) / _PACKAGE)
+        except (Exception, SystemExit) as exc:  # setuptools exits when the C compiler fails
+            if mode == "compiled":
+                raise
+            # auto: whatever broke the compiled build (mypyc, the compiler, a patch that
+            # no longer applies), the pure build of the same source installs.
+            self._workdir.cleanup()
+            self._workdir = None
+            self._fall_back(f"the compiled build failed ({_first_line(exc)})")
+            return
         force_include = build_data.setdefault("force_include", {})
         for extension in package.glob("*.so"):
             force_include[str(extension)] = f"{_PACKAGE}/{extension.name}"
@@ -399,10 +429,16 @@ class CompiledCoreHook(BuildHookInterface[BuilderConfig]):
             f"in {time.monotonic() - started:.0f} s"
         )
 
+    def _fall_back(self, why: str) -> None:
+        """The one line ``auto`` says when it builds the pure core instead."""
+        self.app.display_warning(
+            f"purgatory-aio: {why}; building the pure-Python core "
+            f"(slower; {ENV_VAR}=compiled makes this an error)"
+        )
+
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
-        workdir = getattr(self, "_workdir", None)
-        if workdir is not None:
-            workdir.cleanup()
+        if self._workdir is not None:
+            self._workdir.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,11 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("build/mypyc"))
     parser.add_argument("--verbose", action="store_true")
-    parser.add_argument("--collect-docs", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.collect_docs is not None:  # the build's subprocess (see _pure_docs)
-        print(json.dumps(collect_docs(args.collect_docs)))
-        return 0
     missing = missing_toolchain()
     if missing is not None:
         print(f"cannot compile: {missing}", file=sys.stderr)

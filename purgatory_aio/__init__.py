@@ -5,7 +5,7 @@ long-poll fetches, acks=all writes, group joins, heartbeats — the way Kafka's
 purgatory does, on one asyncio reaper and O(1) timers.
 """
 
-from . import _timer as _timer_module
+from . import _build, _shell
 from ._clock import Clock as Clock
 from ._clock import LoopClock as LoopClock
 from ._errors import PurgatoryClosed as PurgatoryClosed
@@ -33,8 +33,13 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-compiled = not _timer_module.__file__.endswith(".py") if _timer_module.__file__ else False
-"""True when the hot modules were imported as compiled extensions (the compiled build)."""
+# The core's coroutine methods, coroutine functions on both builds (see _shell).
+_shell.coroutine_methods(Purgatory, "__aenter__", "__aexit__", "shutdown")
+_shell.coroutine_methods(Timer, "__aenter__", "__aexit__")
+
+compiled: bool = _build.COMPILED
+"""True when the hot modules run as compiled extensions: the compiled build, unless
+``PURGATORY_AIO_NO_EXTENSIONS=1`` selected its pure source."""
 
 if compiled:  # mypyc keeps no docstrings: the build saved them (see _native.restore_docs)
     from ._native import restore_docs as _restore_docs

@@ -26,23 +26,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from . import _build
+
 untrack: Callable[[object], bool] | None
 track: Callable[[object], None] | None
 untrack_container: Callable[[object], None] | None
 track_container: Callable[[object], None] | None
 
-try:
-    from ._untrack import track, track_container, untrack, untrack_container
-except ImportError:
-    from . import _timer
-
-    if not _timer.__file__ or _timer.__file__.endswith(".py"):
-        untrack = track = untrack_container = track_container = None
-    else:  # pragma: no cover - the compiled build always ships it
+if _build.COMPILED:
+    try:
+        from ._untrack import track, track_container, untrack, untrack_container
+    except ImportError as exc:  # pragma: no cover - the compiled build always ships it
         raise ImportError(
             "purgatory_aio's compiled core is installed without its _untrack extension: "
-            "reinstall it (PURGATORY_AIO_BUILD=compiled builds both)"
+            f"reinstall it (PURGATORY_AIO_BUILD=compiled builds both): {exc}"
         ) from None
+else:
+    untrack = track = untrack_container = track_container = None
 
 #: Whether pending operations are untracked in this build.
 UNTRACKING = untrack is not None

@@ -39,6 +39,7 @@ from . import _gc
 from ._clock import DEFAULT_CLOCK, Clock
 from ._errors import FATAL, OutsideLoop, PurgatoryClosed
 from ._logging import get_logger
+from ._shell import run_callbacks, settle_all
 from ._states import (
     CANCELLED,
     COMPLETED,
@@ -51,6 +52,7 @@ from ._states import (
     transition,
 )
 from ._timer import Timer
+from ._validation import check_flag
 from ._watches import IN_WALK, WatchStore
 from .events import EventSink, OperationEvent
 
@@ -116,6 +118,8 @@ class Lifecycle:
         # and what wakes the shutdown's wait when one more joins (see join_shutdown).
         self._joiners: set[asyncio.Task[Any]] = set()
         self._joined: asyncio.Future[None] | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self._found_at_shutdown = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_running: Callable[[], bool] = _not_started
         self._thread_id = -1
@@ -150,6 +154,12 @@ class Lifecycle:
         self._thread_id = _get_ident()
         self._clock.attach(self)
         _log.debug("purgatory_started", purgatory=self.name)
+
+    def enter(self) -> None:
+        """``async with`` the purgatory: refused once shut down, else bound to the loop."""
+        if self.closed:
+            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
+        self.start()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -314,7 +324,7 @@ class Lifecycle:
         if failure is None:
             self._run_callbacks(op)
         else:
-            self._settle(op, failure, True)
+            self.settle(op, failure, True)
 
     def expired(self, op: DelayedOperation[Any]) -> None:
         """``op`` won *expired*: the timer found its deadline passed (on the loop thread)."""
@@ -329,7 +339,7 @@ class Lifecycle:
             return
         self._withdraw(op)
         self.n_cancelled += 1
-        self._settle(op, None, False)
+        self.settle(op, None, False)
 
     def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
         """A callback of ``op`` raised ``exc``: log and count it (it becomes the outcome)."""
@@ -355,41 +365,62 @@ class Lifecycle:
                 "shut it down from a coroutine on that loop"
             )
 
-    async def join_shutdown(self, shutdown: asyncio.Task[None]) -> None:
-        """Wait for ``shutdown`` (this purgatory's shutdown task) to finish its work.
+    def shutdown_task(self, expire_pending: object) -> asyncio.Task[None]:
+        """The purgatory's one shutdown task, started by the first call (which checks
+        its argument and the loop before anything changes); later calls get the same."""
+        shutdown = self._shutdown_task
+        if shutdown is None:
+            flag = check_flag(expire_pending, "expire_pending")
+            self.check_shutdown_loop()
+            loop = asyncio.get_running_loop()
+            self.closed = True
+            shutdown = self._shutdown_task = loop.create_task(settle_all(self, flag))
+        elif not shutdown.done():
+            self.check_shutdown_loop()
+        return shutdown
 
-        From one of this purgatory's own callback tasks (an async ``on_complete``
-        shutting the purgatory down), the shutdown must not wait for its caller,
-        which waits for it: it settles everything else, and the caller settles its
-        own operation once it returns. From anywhere else, the wait also covers those
-        callbacks, so that every operation has settled when it returns.
-        """
-        task = asyncio.current_task()
-        if task is not None and task in self._tasks:
-            self._joiners.add(task)
-            joined = self._joined
-            if joined is not None and not joined.done():
-                joined.set_result(None)  # the shutdown is waiting for this task: stop it
-            try:
-                await asyncio.shield(shutdown)
-            finally:
-                self._joiners.discard(task)
-            return
-        await asyncio.shield(shutdown)
-        # The shutdown's work is done; what is left are the callbacks that awaited it
-        # (on this purgatory's loop: after its loop closed, a shutdown runs elsewhere).
-        while self._tasks and _running_loop() is self._loop:
-            tasks = [asyncio.shield(task) for task in self._tasks]
-            await asyncio.gather(*tasks, return_exceptions=True)
+    def join(self, task: asyncio.Task[Any]) -> bool:
+        """``task`` awaits the shutdown: if it is one of the callback tasks, the shutdown
+        stops waiting for it (True); otherwise it waits for the shutdown (False)."""
+        if task not in self._tasks:
+            return False
+        self._joiners.add(task)
+        joined = self._joined
+        if joined is not None and not joined.done():
+            joined.set_result(None)  # the shutdown is waiting for this task: stop it
+        return True
 
-    async def shutdown(self, expire_pending: bool) -> int:
-        """Settle every pending operation, then wait for those still settling.
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        """``task`` (see :meth:`join`) no longer awaits the shutdown."""
+        self._joiners.discard(task)
 
-        Returns how many pending operations it found.
-        """
+    def callbacks_to_join(self) -> list[asyncio.Task[None]]:
+        """Callback tasks a finished shutdown still waits for (none off its own loop)."""
+        if _running_loop() is not self._loop:
+            return []
+        return list(self._tasks)
+
+    def callbacks_to_wait_for(self) -> set[asyncio.Task[None]]:
+        """Callback tasks the shutdown waits for: all but those awaiting it (none once
+        the loop is closed: none could run)."""
+        if self._loop_closed():
+            return set()
+        return self._tasks - self._joiners
+
+    def watch_joins(self) -> asyncio.Future[None]:
+        """A future set when another callback task starts awaiting the shutdown."""
+        self._joined = joined = asyncio.get_running_loop().create_future()
+        return joined
+
+    def unwatch_joins(self) -> None:
+        self._joined = None
+
+    def settle_pending(self, expire_pending: bool) -> list[DelayedOperation[Any]]:
+        """Settle every pending operation (expired or cancelled); return those still
+        settling (in a callback task or a hand-over from another thread)."""
         self.closed = True
-        timer = self._timer
-        pending: list[DelayedOperation[Any]] = timer._drain()  # type: ignore[assignment]
+        pending: list[DelayedOperation[Any]] = self._timer._drain()  # type: ignore[assignment]
+        self._found_at_shutdown = len(pending)
         fatal: BaseException | None = None
         for op in pending:
             try:
@@ -403,40 +434,14 @@ class Lifecycle:
                 fatal = fatal or exc
         if fatal is not None:
             raise fatal
-        # Every operation completed before or during shutdown is settling: in a callback
-        # task, or — if another thread completed or cancelled it — in a hand-over to this
-        # loop. The latter were still in the timer (the hand-over takes them out), so they
-        # are among ``pending``: wait until each of those has settled too.
-        settling = [op for op in pending if not op._state & SETTLED]
-        while True:
-            if await self._callbacks_finished():
-                continue
-            settling = [op for op in settling if not op._state & SETTLED]
-            if not settling:
-                break
-            await asyncio.sleep(0.001)  # a thread's hand-over is on its way
-        timer.close()
+        return [op for op in pending if not op._state & SETTLED]
+
+    def finish_shutdown(self) -> int:
+        """Close the timer and the watch store; how many operations the shutdown found
+        pending."""
+        self._timer.close()
         self._store.clear()
-        return len(pending)
-
-    async def _callbacks_finished(self) -> bool:
-        """Wait for the callback tasks, except those awaiting the shutdown; False if none.
-
-        A task that starts awaiting the shutdown meanwhile wakes the wait, which then
-        leaves it out too. A closed loop's tasks are never waited for: none can run.
-        """
-        busy = self._tasks - self._joiners
-        if not busy or self._loop_closed():
-            return False
-        self._joined = joined = asyncio.get_running_loop().create_future()
-        # Each task shielded: giving up the wait (a task joined) must not cancel them.
-        every = asyncio.gather(*[asyncio.shield(task) for task in busy], return_exceptions=True)
-        try:
-            await asyncio.wait((every, joined), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self._joined = None
-            every.cancel()
-        return True
+        return self._found_at_shutdown
 
     def _loop_closed(self) -> bool:
         loop = self._loop
@@ -465,47 +470,15 @@ class Lifecycle:
                     op.on_expiration()
             except BaseException as exc:
                 self.callback_failed(op, exc, stage)
-                self._settle(op, exc, True)
+                self.settle(op, exc, True)
                 if isinstance(exc, FATAL):
                     raise
             else:
-                self._settle(op, result, False)
+                self.settle(op, result, False)
             return
         self._spawn(op, cls.offload_callbacks or self._offload)
 
-    async def _run_async(self, op: DelayedOperation[Any], offload: bool) -> None:
-        cls = type(op)
-        stage = "on_complete"
-        try:
-            result = await self._call(op.on_complete, cls._async_complete, offload)
-            if op._state & EXPIRED:
-                stage = "on_expiration"
-                await self._call(op.on_expiration, cls._async_expire, offload)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # This task was cancelled (loop teardown): settle so that no awaiter
-                # hangs, then let the cancellation proceed.
-                self._settle(op, exc, True)
-                raise
-            self.callback_failed(op, exc, stage)  # the callback itself raised it
-            self._settle(op, exc, True)
-        except BaseException as exc:
-            self.callback_failed(op, exc, stage)
-            self._settle(op, exc, True)
-            if isinstance(exc, FATAL):
-                raise
-        else:
-            self._settle(op, result, False)
-
-    async def _call(self, fn: Callable[[], Any], is_async: bool, offload: bool) -> Any:
-        if is_async:
-            return await fn()
-        if offload:
-            return await anyio.to_thread.run_sync(fn, limiter=self._limiter())
-        return fn()
-
-    def _settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
+    def settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
         """Record the outcome, release awaiters, emit the event (once per operation)."""
         if _track is not None:
             # Every settlement ends here: the operation (untracked while pending, see
@@ -587,13 +560,13 @@ class Lifecycle:
             # so that anything still holding the operation sees a final outcome.
             op: DelayedOperation[Any] = args[0]
             closed = PurgatoryClosed(f"purgatory {self.name!r}: its event loop is closed")
-            self._settle(op, None if op._state & CANCELLED else closed, not op._state & CANCELLED)
+            self.settle(op, None if op._state & CANCELLED else closed, not op._state & CANCELLED)
 
     def _spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
         """Run ``op``'s callbacks in a task on the loop (they settle it when done)."""
         loop = self._loop
         assert loop is not None
-        coro = self._run_async(op, offload)
+        coro = run_callbacks(self, op, offload)
         try:
             task = loop.create_task(coro)
         except BaseException as exc:
@@ -603,17 +576,17 @@ class Lifecycle:
             coro.close()
             if loop.is_closed():
                 closed = PurgatoryClosed(f"purgatory {self.name!r}: its event loop is closed")
-                self._settle(op, closed, True)
+                self.settle(op, closed, True)
                 return
             self.callback_failed(op, exc, "on_complete")
-            self._settle(op, exc, True)
+            self.settle(op, exc, True)
             if isinstance(exc, FATAL):
                 raise
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _limiter(self) -> anyio.CapacityLimiter | None:
+    def limiter(self) -> anyio.CapacityLimiter | None:
         if self._capacity is None:
             self._capacity = anyio.CapacityLimiter(self._offload_threads)
         return self._capacity
@@ -641,23 +614,23 @@ class _Detached(Lifecycle):
         if failure is None:
             self._run_callbacks(op)
         else:
-            self._settle(op, failure, True)
+            self.settle(op, failure, True)
 
     def expired(self, op: DelayedOperation[Any]) -> None:  # pragma: no cover - never timed
         self._run_callbacks(op)
 
     def cancelled(self, op: DelayedOperation[Any]) -> None:
-        self._settle(op, None, False)
+        self.settle(op, None, False)
 
     def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
         _log.error("callback_error", op=repr(op), stage=stage, exc_info=exc)
 
     def _spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
-        task = asyncio.get_running_loop().create_task(self._run_async(op, offload))
+        task = asyncio.get_running_loop().create_task(run_callbacks(self, op, offload))
         self._orphans.add(task)
         task.add_done_callback(self._orphans.discard)
 
-    def _limiter(self) -> anyio.CapacityLimiter | None:
+    def limiter(self) -> anyio.CapacityLimiter | None:
         return None
 
 

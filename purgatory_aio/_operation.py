@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Generator, Hashable
 from types import MemberDescriptorType
 from typing import Any, ClassVar, Generic, SupportsFloat, SupportsIndex, TypeVar, final
 
+from . import _shell
 from ._lifecycle import DETACHED, Lifecycle
 from ._native import mypyc_attr
 from ._states import (
@@ -314,33 +315,30 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # -- awaiting ----------------------------------------------------------------------------
 
     def __await__(self) -> Generator[Any, None, R]:
+        # A plain method handing the wait to an interpreted generator (see _shell: a
+        # compiled generator passes a cancellation on with the deprecated three-argument
+        # throw()).
         state = _state_of(self)
-        if not state & SETTLED:
-            if not state & ENDED and self._owner is DETACHED:
-                # Pending and in no purgatory: nothing would ever complete or expire it.
-                raise _never_handed_over(self)
-            # One future per awaiting task: a task that is cancelled cancels only its own,
-            # and the common single awaiter costs one future, no shield around a shared one.
-            future = asyncio.get_running_loop().create_future()
-            waiter = self._waiter
-            if waiter is None:
-                self._waiter = future
-            elif isinstance(waiter, list):
-                waiter.append(future)
-            else:
-                self._waiter = [waiter, future]
-            # Settlement may have happened on another thread between the check above
-            # and publishing the future; it then found nothing to wake.
-            if self._state & SETTLED:
-                future.set_result(None)
-            try:
-                yield from future
-            finally:
-                # An awaiter that gives up (a timeout, a cancelled handler) lets go of its
-                # future at once, as asyncio.Event.wait does, rather than at settlement.
-                if not future.done() or future.cancelled():
-                    _forget(self, future)
-        return self.result()
+        if state & SETTLED:
+            return _shell.settled(self)
+        if not state & ENDED and self._owner is DETACHED:
+            # Pending and in no purgatory: nothing would ever complete or expire it.
+            raise _never_handed_over(self)
+        # One future per awaiting task: a task that is cancelled cancels only its own,
+        # and the common single awaiter costs one future, no shield around a shared one.
+        future = asyncio.get_running_loop().create_future()
+        waiter = self._waiter
+        if waiter is None:
+            self._waiter = future
+        elif isinstance(waiter, list):
+            waiter.append(future)
+        else:
+            self._waiter = [waiter, future]
+        # Settlement may have happened on another thread between the check above
+        # and publishing the future; it then found nothing to wake.
+        if self._state & SETTLED:
+            future.set_result(None)
+        return _shell.awaiting(self, future, _forget)
 
     # -- copying and pickling ----------------------------------------------------------------
 

@@ -8,13 +8,13 @@ its parts — the timer (:mod:`._timer`), the watch lists and threshold indexes
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Hashable, Iterable
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar, final
 
+from . import _shell
 from ._clock import DEFAULT_CLOCK, Clock
-from ._errors import OutsideLoop, PurgatoryClosed, not_copyable
+from ._errors import OutsideLoop, not_copyable
 from ._gc import UNTRACKING, DropGuard
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
@@ -61,7 +61,7 @@ class Purgatory:
     has no slot for them, so the pure one declares none either).
     """
 
-    __slots__ = ("_clock", "_drop_guard", "_life", "_shutdown_task", "_store", "_timer", "name")
+    __slots__ = ("_clock", "_drop_guard", "_life", "_store", "_timer", "name")
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         # Final on both builds. The compiled class refuses interpreted subclasses by
@@ -113,27 +113,26 @@ class Purgatory:
             offload_threads=threads,
             log_operations=log_ops,
         )
-        self._shutdown_task: asyncio.Task[None] | None = None
         # Held by the purgatory alone: dropping the purgatory re-tracks what it holds.
         self._drop_guard: DropGuard | None = DropGuard(self._life) if UNTRACKING else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Purgatory:
-        if self._life.closed:
-            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
-        self._life.start()
-        return self
+    # The coroutine methods are plain methods returning a coroutine of the interpreted
+    # _shell module (see there why): awaited, they behave as ``async def`` would.
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.shutdown()
+    def __aenter__(self) -> Coroutine[Any, Any, Purgatory]:
+        return _shell.enter(self, self._life)
+
+    def __aexit__(self, *exc_info: object) -> Coroutine[Any, Any, None]:
+        return _shell.shutdown(self._life, True)
 
     @property
     def closed(self) -> bool:
         """True once shutdown has begun: new operations are refused with ``PurgatoryClosed``."""
         return self._life.closed
 
-    async def shutdown(self, *, expire_pending: bool = True) -> None:
+    def shutdown(self, *, expire_pending: bool = True) -> Coroutine[Any, Any, None]:
         """Stop the reaper and settle every pending operation.
 
         By default each pending operation is expired now (``on_complete`` then
@@ -151,26 +150,7 @@ class Purgatory:
         from the caller's loop (callbacks that need the closed loop, async ones,
         settle with :class:`PurgatoryClosed`).
         """
-        life = self._life
-        shutdown = self._shutdown_task
-        if shutdown is None:
-            flag = check_flag(expire_pending, "expire_pending")
-            life.check_shutdown_loop()  # before anything changes
-            loop = asyncio.get_running_loop()
-            life.closed = True
-            shutdown = self._shutdown_task = loop.create_task(self._shutdown(flag))
-        elif not shutdown.done():
-            life.check_shutdown_loop()
-        await life.join_shutdown(shutdown)
-
-    async def _shutdown(self, expire_pending: bool) -> None:
-        settled = await self._life.shutdown(expire_pending)
-        _log.info(
-            "purgatory_shutdown",
-            purgatory=self.name,
-            settled=settled,
-            expired_pending=expire_pending,
-        )
+        return _shell.shutdown(self._life, expire_pending)
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -195,13 +175,8 @@ class Purgatory:
         try:
             completed = self._life.watch(op, keys, None)
         except OutsideLoop:
-            return self._watch_in_loop(op, keys, None)
+            return _shell.called(self._life.watch, op, keys, None)
         return _COMPLETED if completed else _WATCHED
-
-    async def _watch_in_loop(
-        self, op: DelayedOperation[Any], keys: Iterable[Hashable], threshold: float | None
-    ) -> bool:
-        return self._life.watch(op, keys, threshold)
 
     def watch_and_wait(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> Awaitable[R]:
         """Watch ``op`` and return its result, for request handlers.
@@ -213,12 +188,8 @@ class Purgatory:
         try:
             self._life.watch(op, keys, None)
         except OutsideLoop:
-            return self._watch_and_wait_in_loop(op, keys)
-        return _await_or_cancel(op)
-
-    async def _watch_and_wait_in_loop(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> R:
-        self._life.watch(op, keys, None)
-        return await _await_or_cancel(op)
+            return _shell.watch_then_wait(self._life.watch, op, keys)
+        return _shell.await_or_cancel(op)
 
     def watch_threshold(
         self, op: DelayedOperation[Any], key: Hashable, threshold: SupportsFloat
@@ -235,7 +206,7 @@ class Purgatory:
         try:
             completed = self._life.watch(op, (key,), value)
         except OutsideLoop:
-            return self._watch_in_loop(op, (key,), value)
+            return _shell.called(self._life.watch, op, (key,), value)
         return _COMPLETED if completed else _WATCHED
 
     def advance_key(self, key: Hashable, value: SupportsFloat) -> int:
@@ -417,12 +388,3 @@ Coroutine.register(_Admitted)
 
 _COMPLETED: Final = _Admitted(True)
 _WATCHED: Final = _Admitted(False)
-
-
-async def _await_or_cancel(op: DelayedOperation[R]) -> R:
-    """The result of an admitted ``op``; cancelling the wait cancels ``op`` too."""
-    try:
-        return await op
-    except asyncio.CancelledError:
-        op.cancel()
-        raise

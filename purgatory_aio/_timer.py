@@ -24,10 +24,11 @@ import asyncio
 import heapq
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from operator import attrgetter
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, final
 
+from . import _shell
 from ._bucket import BATCH_LEVEL, CARRY_LEVEL, NOT_QUEUED, Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
 from ._errors import FATAL, not_copyable
@@ -383,11 +384,12 @@ class Timer:
                 entry.cancel()
         self._stop_reaper()
 
-    async def __aenter__(self) -> Timer:
-        return self
+    # Plain methods returning a coroutine of the interpreted _shell module (see there).
+    def __aenter__(self) -> Coroutine[Any, Any, Timer]:
+        return _shell.returning(self)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.close()
+    def __aexit__(self, *exc_info: object) -> Coroutine[Any, Any, None]:
+        return _shell.called(self.close)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         raise not_copyable(
@@ -581,7 +583,9 @@ class Timer:
         self._loop = loop
         self._thread_id = _get_ident()
         self._loop_running = loop.is_running
-        self._reaper = loop.create_task(self._reap(), name=f"purgatory_aio-reaper-{id(self):x}")
+        self._reaper = loop.create_task(
+            _shell.reap(self), name=f"purgatory_aio-reaper-{id(self):x}"
+        )
 
     def _stop_reaper(self) -> None:
         self._disarm()
@@ -589,43 +593,35 @@ class Timer:
         if reaper is not None and not reaper.done():
             reaper.cancel()
 
-    async def _reap(self) -> None:
-        loop = asyncio.get_running_loop()
-        me = asyncio.current_task()
-        assert me is not None
-        # Cancellations of this task asked for by the callbacks of the last pass: they run
-        # inline here, so asyncio.current_task() is the reaper to them. Not its to obey.
-        stray = 0
-        # A reaper replaced meanwhile (close() from a callback, then new timers) stops here.
-        while self._reaper is me:
-            self._wake = wake = loop.create_future()
-            self._arm_next()
-            try:
-                await wake
-            except asyncio.CancelledError:
-                # Such a request arrives at the first await after the pass (even one the
-                # callback withdrew with uncancel(): Python 3.11 still delivers it). Any
-                # other cancellation (the loop's teardown; _stop_reaper replaces the
-                # reaper first) stops the reaper.
-                if self._reaper is not me or me.cancelling() > stray:
-                    raise
-                while stray > 0:
-                    me.uncancel()
-                    stray -= 1
-                continue
-            self.wakeups += 1
-            asked = me.cancelling()
-            try:
-                self._advance(self._clock.time())
-            except FATAL:
-                # KeyboardInterrupt/SystemExit from a callback: everything else is back in
-                # place; a new reaper takes over if the loop runs on.
-                self._reaper = None
-                loop.call_soon(self._revive)
-                raise
-            except BaseException:  # a bug in one pass must not stop every later timeout
-                _log.exception("timer_reaper_error")
-            stray = me.cancelling() - asked
+    # The reaper's loop is the coroutine _shell.reap; these are its steps.
+
+    def reaper_is(self, task: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` is this timer's reaper (a replaced reaper stops)."""
+        return self._reaper is task
+
+    def next_wake(self) -> asyncio.Future[None]:
+        """Arm the wake-up for the earliest bucket; the future it sets."""
+        loop = self._loop
+        assert loop is not None
+        self._wake = wake = loop.create_future()
+        self._arm_next()
+        return wake
+
+    def reap_once(self) -> None:
+        """One pass of the reaper after a wake-up: fire, cascade and feed what is due."""
+        self.wakeups += 1
+        try:
+            self._advance(self._clock.time())
+        except FATAL:
+            # KeyboardInterrupt/SystemExit from a callback: everything else is back in
+            # place; a new reaper takes over if the loop runs on.
+            self._reaper = None
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon(self._revive)
+            raise
+        except BaseException:  # a bug in one pass must not stop every later timeout
+            _log.exception("timer_reaper_error")
 
     def _revive(self) -> None:
         if self._reaper is None and self._count:

@@ -20,20 +20,79 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* The class attribute that keeps a class's operations tracked when False. */
-static PyObject *opt_out_name;
+/* Only the limited, documented API: no private function, no look into the layout of an
+ * object the interpreter manages (its instance dict in particular), so that the same
+ * source serves 3.11, 3.12 and 3.13, whatever each does with instance dicts. */
 
-/* The instance dict of obj, if its type keeps one in a slot and it exists (never
- * materialises one). Types with an inline ("managed") dict have none until it is
- * asked for; one asked for stays tracked, which is safe, only not optimal. */
+/* The module's state: the interned name of the opt-out class attribute, and a
+ * one-entry cache of its value for the last class seen (the hot path admits operations
+ * of one class after another; tp_version_tag changes whenever the class or a base
+ * changes, and is 0 when the interpreter keeps no valid tag). */
+typedef struct {
+    PyObject *opt_out_name;
+    PyTypeObject *cached_type;
+    unsigned int cached_tag;
+    int cached_opted_out;
+} untrack_state;
+
+static untrack_state *
+state_of(PyObject *module)
+{
+    return (untrack_state *)PyModule_GetState(module);
+}
+
+/* 1 if op's class sets untrack_while_pending = False, 0 if not, -1 on error. */
+static int
+opted_out(untrack_state *st, PyTypeObject *type)
+{
+    unsigned int tag = type->tp_version_tag;
+    if (tag != 0 && type == st->cached_type && tag == st->cached_tag) {
+        return st->cached_opted_out;
+    }
+    PyObject *flag = PyObject_GetAttr((PyObject *)type, st->opt_out_name);
+    if (flag == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+    }
+    int result = flag == Py_False;
+    Py_XDECREF(flag);
+    /* A borrowed pointer compared only, never dereferenced: a freed class whose address
+     * is reused has another version tag. */
+    st->cached_type = type;
+    st->cached_tag = type->tp_version_tag;
+    st->cached_opted_out = result;
+    return result;
+}
+
+/* A new reference to the instance dict of obj, or NULL (no error) when it has none.
+ *
+ * Where the class keeps the dict at a fixed offset (3.11 for subclasses of compiled
+ * classes), a dict not yet created is not created. Where the interpreter manages the
+ * dict itself (3.12 and later: Py_TPFLAGS_MANAGED_DICT), the documented way to reach it
+ * is PyObject_GenericGetDict, which makes one if there is none; an operation of such a
+ * class that set no attribute of its own then gets an empty dict, untracked with it. */
 static PyObject *
 instance_dict(PyObject *obj)
 {
-    Py_ssize_t offset = Py_TYPE(obj)->tp_dictoffset;
+    PyTypeObject *type = Py_TYPE(obj);
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+        PyObject *dict = PyObject_GenericGetDict(obj, NULL);
+        if (dict == NULL) {
+            PyErr_Clear();
+        }
+        return dict;
+    }
+#endif
+    Py_ssize_t offset = type->tp_dictoffset;
     if (offset <= 0) {
         return NULL;
     }
-    return *(PyObject **)((char *)obj + offset);
+    PyObject *dict = *(PyObject **)((char *)obj + offset);
+    Py_XINCREF(dict);
+    return dict;
 }
 
 static PyObject *
@@ -42,15 +101,20 @@ untrack(PyObject *module, PyObject *op)
     if (!PyObject_IS_GC(op) || !PyObject_GC_IsTracked(op)) {
         Py_RETURN_FALSE;
     }
-    /* A borrowed reference from the type's method cache, no error set when absent. */
-    PyObject *flag = _PyType_Lookup(Py_TYPE(op), opt_out_name);
-    if (flag == Py_False) {
+    int out = opted_out(state_of(module), Py_TYPE(op));
+    if (out < 0) {
+        return NULL;
+    }
+    if (out) {
         Py_RETURN_FALSE;
     }
-    PyObject_GC_UnTrack(op);
     PyObject *dict = instance_dict(op);
-    if (dict != NULL && PyObject_GC_IsTracked(dict)) {
-        PyObject_GC_UnTrack(dict);
+    PyObject_GC_UnTrack(op);
+    if (dict != NULL) {
+        if (PyObject_GC_IsTracked(dict)) {
+            PyObject_GC_UnTrack(dict);
+        }
+        Py_DECREF(dict);
     }
     Py_RETURN_TRUE;
 }
@@ -67,10 +131,15 @@ track_one(PyObject *obj)
 static PyObject *
 track(PyObject *module, PyObject *op)
 {
-    track_one(op);
-    if (PyObject_IS_GC(op)) {
-        track_one(instance_dict(op));
+    if (!PyObject_IS_GC(op) || PyObject_GC_IsTracked(op)) {
+        /* Never untracked (or tracked again already): its dict was left alone too,
+         * and no dict is made for it here. */
+        Py_RETURN_NONE;
     }
+    PyObject *dict = instance_dict(op);
+    PyObject_GC_Track(op);
+    track_one(dict);
+    Py_XDECREF(dict);
     Py_RETURN_NONE;
 }
 
@@ -102,17 +171,74 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int
+exec_module(PyObject *module)
+{
+    untrack_state *st = state_of(module);
+    st->opt_out_name = PyUnicode_InternFromString("untrack_while_pending");
+    st->cached_type = NULL;
+    st->cached_tag = 0;
+    st->cached_opted_out = 0;
+    return st->opt_out_name == NULL ? -1 : 0;
+}
+
+static int
+traverse_module(PyObject *module, visitproc visit, void *arg)
+{
+    untrack_state *st = state_of(module);
+    if (st != NULL) {
+        Py_VISIT(st->opt_out_name);
+    }
+    return 0;
+}
+
+static int
+clear_module(PyObject *module)
+{
+    untrack_state *st = state_of(module);
+    if (st != NULL) {
+        Py_CLEAR(st->opt_out_name);
+        st->cached_type = NULL;
+    }
+    return 0;
+}
+
+static void
+free_module(void *module)
+{
+    clear_module((PyObject *)module);
+}
+
+/* Multi-phase initialisation, and an explicit stance on the GIL: the compiled core is
+ * built and tested for interpreters with the GIL only (a free-threaded interpreter gets
+ * the pure build from `pip install`), so this module says it needs the GIL; imported
+ * into a free-threaded interpreter anyway, it turns the GIL on with the interpreter's
+ * own warning rather than run untested. */
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "purgatory_aio._untrack",
-    "Pending operations out of the cyclic garbage collector (compiled build).", -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "purgatory_aio._untrack",
+    .m_doc = "Pending operations out of the cyclic garbage collector (compiled build).",
+    .m_size = sizeof(untrack_state),
+    .m_methods = methods,
+    .m_slots = slots,
+    .m_traverse = traverse_module,
+    .m_clear = clear_module,
+    .m_free = free_module,
 };
 
 PyMODINIT_FUNC
 PyInit__untrack(void)
 {
-    opt_out_name = PyUnicode_InternFromString("untrack_while_pending");
-    if (opt_out_name == NULL) {
-        return NULL;
-    }
-    return PyModule_Create(&module_def);
+    return PyModuleDef_Init(&module_def);
 }
