@@ -20,8 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* Only the limited, documented API: no private function, no look into the layout of an
- * object the interpreter manages (its instance dict in particular), so that the same
+/* Documented API only (one named exception on 3.12, below), and no look into the layout
+ * of an object the interpreter manages (its instance dict in particular): the same
  * source serves 3.11, 3.12 and 3.13, whatever each does with instance dicts. */
 
 /* The module's state: the interned name of the opt-out class attribute, and a
@@ -66,33 +66,61 @@ opted_out(untrack_state *st, PyTypeObject *type)
     return result;
 }
 
-/* A new reference to the instance dict of obj, or NULL (no error) when it has none.
+/* Visits the instance dict an interpreter manages itself (Py_TPFLAGS_MANAGED_DICT: 3.12
+ * and later), without creating one: 3.13 documents PyObject_VisitManagedDict for this;
+ * 3.12 exports the same function under its earlier name, which 3.13 made public
+ * unchanged (3.12 has no free-threaded build, where the name would matter). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define VISIT_MANAGED_DICT PyObject_VisitManagedDict
+#elif PY_VERSION_HEX >= 0x030C0000
+#define VISIT_MANAGED_DICT _PyObject_VisitManagedDict
+#endif
+
+#ifdef VISIT_MANAGED_DICT
+typedef struct {
+    PyObject *last;
+    int count;
+} dict_probe;
+
+static int
+probe_visit(PyObject *obj, void *arg)
+{
+    dict_probe *probe = (dict_probe *)arg;
+    probe->last = obj;
+    probe->count++;
+    return 0;
+}
+#endif
+
+/* The instance dict of obj (borrowed), or NULL when it has none. Never creates one.
  *
- * Where the class keeps the dict at a fixed offset (3.11 for subclasses of compiled
- * classes), a dict not yet created is not created. Where the interpreter manages the
- * dict itself (3.12 and later: Py_TPFLAGS_MANAGED_DICT), the documented way to reach it
- * is PyObject_GenericGetDict, which makes one if there is none; an operation of such a
- * class that set no attribute of its own then gets an empty dict, untracked with it. */
+ * A class that keeps the dict at a fixed offset (3.11 for subclasses of compiled
+ * classes) has it there. Where the interpreter manages the dict (3.12 and later), the
+ * visit finds the dict if one exists; a class whose instances keep their attributes
+ * inline (3.13's Py_TPFLAGS_INLINE_VALUES, never a subclass of a compiled class, which
+ * has fields of its own) has no separate dict to tell apart from its values, and is
+ * left alone: tracked, which is safe, only not optimal. */
 static PyObject *
 instance_dict(PyObject *obj)
 {
     PyTypeObject *type = Py_TYPE(obj);
-#ifdef Py_TPFLAGS_MANAGED_DICT
+#ifdef VISIT_MANAGED_DICT
     if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
-        PyObject *dict = PyObject_GenericGetDict(obj, NULL);
-        if (dict == NULL) {
-            PyErr_Clear();
+#ifdef Py_TPFLAGS_INLINE_VALUES
+        if (type->tp_flags & Py_TPFLAGS_INLINE_VALUES) {
+            return NULL;
         }
-        return dict;
+#endif
+        dict_probe probe = {NULL, 0};
+        (void)VISIT_MANAGED_DICT(obj, probe_visit, &probe);
+        return probe.count == 1 && PyDict_CheckExact(probe.last) ? probe.last : NULL;
     }
 #endif
     Py_ssize_t offset = type->tp_dictoffset;
     if (offset <= 0) {
         return NULL;
     }
-    PyObject *dict = *(PyObject **)((char *)obj + offset);
-    Py_XINCREF(dict);
-    return dict;
+    return *(PyObject **)((char *)obj + offset);
 }
 
 static PyObject *
@@ -108,13 +136,10 @@ untrack(PyObject *module, PyObject *op)
     if (out) {
         Py_RETURN_FALSE;
     }
-    PyObject *dict = instance_dict(op);
     PyObject_GC_UnTrack(op);
-    if (dict != NULL) {
-        if (PyObject_GC_IsTracked(dict)) {
-            PyObject_GC_UnTrack(dict);
-        }
-        Py_DECREF(dict);
+    PyObject *dict = instance_dict(op);
+    if (dict != NULL && PyObject_GC_IsTracked(dict)) {
+        PyObject_GC_UnTrack(dict);
     }
     Py_RETURN_TRUE;
 }
@@ -136,10 +161,8 @@ track(PyObject *module, PyObject *op)
          * and no dict is made for it here. */
         Py_RETURN_NONE;
     }
-    PyObject *dict = instance_dict(op);
     PyObject_GC_Track(op);
-    track_one(dict);
-    Py_XDECREF(dict);
+    track_one(instance_dict(op));
     Py_RETURN_NONE;
 }
 
