@@ -79,9 +79,77 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: The core's own tests, by path under tests/: marked ``core``, they run on each
+#: implementation (compiled, pure) and each supported Python (``-m core``). Every other
+#: test exercises code that is the same whichever implementation of the core runs (the
+#: fan-out, the integrations, the broker, the report, the docs and the build) and runs
+#: once, on the compiled core and the main Python.
+CORE_TESTS = (
+    "lifecycle/",
+    "test_admission.py",
+    "test_api.py",
+    "test_builds_differential.py",
+    "test_copy_pickle.py",
+    "test_docstrings.py",
+    "test_free_threading.py",
+    "test_gc_untracking.py",
+    "test_interpreters.py",
+    "test_lone_key_watch.py",
+    "test_operation.py",
+    "test_operation_edges.py",
+    "test_operation_weakrefs.py",
+    "test_outcome.py",
+    "test_purgatory.py",
+    "test_purgatory_model.py",
+    "test_real_loop.py",
+    "test_threshold.py",
+    "test_timer.py",
+    "test_timer_buckets.py",
+    "test_watched_keys.py",
+)
+TESTS = Path(__file__).resolve().parent
+
+
+def _in_core(path: Path) -> bool:
+    where = path.resolve()
+    if not where.is_relative_to(TESTS):
+        return False
+    relative = where.relative_to(TESTS).as_posix()
+    return any(
+        relative.startswith(entry) if entry.endswith("/") else relative == entry
+        for entry in CORE_TESTS
+    )
+
+
+def _is_core(item: pytest.Item) -> bool:
+    return _in_core(Path(str(item.path)))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m core`` alone (the passes on the pure source and the other Pythons), the
+    other test modules are not even imported: their environments may lack the extras
+    they need."""
+    if config.getoption("markexpr", default="") != "core":
+        return None
+    where = collection_path.resolve()
+    if not where.is_relative_to(TESTS) or where == TESTS:
+        return None
+    if where.is_dir():
+        relative = where.relative_to(TESTS).as_posix() + "/"
+        return not any(entry.startswith(relative) for entry in CORE_TESTS)
+    if where.suffix == ".py" and where.name.startswith("test_"):
+        return not _in_core(where)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``proto`` compile a C prototype under ``bench/proto/``: they run only
-    when asked for (``-m proto``, as ``make bench-proto`` does), never in the default run."""
+    """Marks the core's tests ``core`` (see :data:`CORE_TESTS`). Tests marked ``proto``
+    compile a C prototype under ``bench/proto/``: they run only when asked for (``-m
+    proto``, as ``make bench-proto`` does), never in the default run."""
+    for item in items:
+        if _is_core(item):
+            item.add_marker(pytest.mark.core)
     if "proto" in (config.getoption("-m") or ""):
         return
     deselected = [item for item in items if item.get_closest_marker("proto") is not None]

@@ -1,10 +1,10 @@
-"""The pure and the compiled build answer the same script of calls the same way.
+"""The compiled and the pure implementation answer the same script of calls the same way.
 
-One process holds one build of the core (mypyc's modules and the pure ones share their
-names), so each build runs the script in a child process of its own, from its wheel
-(the ones ``make test`` built: PURGATORY_AIO_WHEEL_DIR names this build's, the other
-build's sits beside it). Both runs must record the same results, errors (type and
-message), counts after every step, event records and outcomes.
+The compiled wheel holds both: its extensions, and their pure source, which
+``PURGATORY_AIO_NO_EXTENSIONS=1`` selects at import. A process imports one, so each runs
+the script in a child process of its own, from the same install. Both runs must record
+the same results, errors (type and message), counts after every step, event records and
+outcomes. It runs once, from the compiled pass (it compares the two itself).
 """
 
 from __future__ import annotations
@@ -13,45 +13,31 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import purgatory_aio
+from purgatory_aio import _build
+
 TESTS = Path(__file__).resolve().parent
-BUILDS = ("compiled", "pure")
 SEEDS = 25
 
-
-@pytest.fixture(scope="module")
-def unpacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each build's wheel unpacked into a directory of its own."""
-    directory = os.environ.get("PURGATORY_AIO_WHEEL_DIR")
-    if not directory:
-        pytest.skip(
-            "PURGATORY_AIO_WHEEL_DIR is unset: the differential test runs under `make test`"
-        )
-    dist = Path(directory).parent
-    out: dict[str, Path] = {}
-    for build in BUILDS:
-        wheels = sorted((dist / build).glob("*.whl"))
-        assert len(wheels) == 1, f"expected one {build} wheel in {dist / build}, found {wheels}"
-        target = tmp_path_factory.mktemp(f"wheel-{build}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            wheel.extractall(target)
-        out[build] = target
-    return out
+pytestmark = pytest.mark.skipif(
+    not purgatory_aio.compiled,
+    reason="run from the compiled implementation, which it compares with the pure one"
+    if _build.DISABLED
+    else "this install has no compiled implementation to compare",
+)
 
 
-def run_script(where: Path, loop: str, out: Path) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        # The unpacked wheel first: it shadows the build installed in this venv.
-        "PYTHONPATH": os.pathsep.join([str(where), str(TESTS)]),
-        "PYTHONHASHSEED": "0",
-        "PYTHONSAFEPATH": "1",
-    }
+def run_script(pure: bool, loop: str, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1"}
+    env.pop(_build.NO_EXTENSIONS_VAR, None)
+    if pure:
+        env[_build.NO_EXTENSIONS_VAR] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run(
         [sys.executable, "-m", "differential_script", str(SEEDS), loop, str(out)],
         capture_output=True,
@@ -66,11 +52,11 @@ def run_script(where: Path, loop: str, out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_both_builds_give_the_same_outcomes_counts_and_errors(
-    unpacked: dict[str, Path], loop: str, tmp_path: Path
+def test_both_implementations_give_the_same_outcomes_counts_and_errors(
+    loop: str, tmp_path: Path
 ) -> None:
-    compiled = run_script(unpacked["compiled"], loop, tmp_path / "compiled.json")
-    pure = run_script(unpacked["pure"], loop, tmp_path / "pure.json")
+    compiled = run_script(False, loop, tmp_path / "compiled.json")
+    pure = run_script(True, loop, tmp_path / "pure.json")
     assert (compiled["compiled"], pure["compiled"]) == (True, False)
     for seed, (left, right) in enumerate(zip(compiled["runs"], pure["runs"], strict=True)):
         for step, (a, b) in enumerate(zip(left, right, strict=True)):
