@@ -2,14 +2,15 @@
 # and a C compiler with the Python headers for the compiled core.
 #
 # .venv holds the library installed from its compiled wheel built here (never the
-# checkout's source), and the example broker's own distribution (examples/pyproject.toml).
+# checkout's source), the example broker's own distribution (examples/pyproject.toml) and
+# the Spark report's (report/pyproject.toml).
 # The compiled wheel carries both implementations of the core: PURGATORY_AIO_NO_EXTENSIONS=1
 # runs its pure-Python source instead of the extensions (BUILD=pure below does that).
 # Each other supported CPython (MATRIX_VERSIONS) gets .venv-X.Y with the core and its
 # test tools, for the core suite (make test-versions).
 # Commands run with PYTHONSAFEPATH=1 and the checkout appended to sys.path by a .pth
 # file, so `tests`, `bench` and `examples` import from the checkout while
-# `purgatory_aio` and `minikafka` resolve to the installed wheels.
+# `purgatory_aio`, `minikafka` and `purgatory_report` resolve to the installed wheels.
 .DEFAULT_GOAL := install
 # Nothing built here is a throwaway intermediate (the venvs' pythons in particular).
 .SECONDARY:
@@ -23,6 +24,8 @@ CORE_FILES := pyproject.toml hatch_build.py LICENSE \
 	$(shell find purgatory_aio -type f -not -path '*/__pycache__/*' -not -name '*.py[co]' -not -name '*.so')
 EXAMPLE_FILES := examples/pyproject.toml examples/LICENSE \
 	$(shell find examples/minikafka -type f -not -path '*/__pycache__/*' -not -name '*.py[co]')
+REPORT_FILES := report/pyproject.toml report/LICENSE report/README.md \
+	$(shell find report/purgatory_report -type f -not -path '*/__pycache__/*' -not -name '*.py[co]')
 # Extras of the library and of the examples that the tests, benches and demo use.
 CORE_EXTRAS    := dev
 EXAMPLE_EXTRAS := all
@@ -62,7 +65,12 @@ $(DIST)/examples/.built: $(EXAMPLE_FILES) | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip wheel --quiet --no-deps -w $(DIST)/examples ./examples
 	touch $@
 
-wheel: $(DIST)/compiled/.built $(DIST)/pure/.built $(DIST)/examples/.built
+$(DIST)/report/.built: $(REPORT_FILES) | $(VENV)/bin/python
+	rm -rf $(DIST)/report
+	$(VENV)/bin/python -m pip wheel --quiet --no-deps -w $(DIST)/report ./report
+	touch $@
+
+wheel: $(DIST)/compiled/.built $(DIST)/pure/.built $(DIST)/examples/.built $(DIST)/report/.built
 	@ls $(DIST)/*/*.whl
 
 # --- virtualenvs -------------------------------------------------------------------
@@ -80,9 +88,10 @@ define install_into
 	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	  { apt-get update && apt-get install -y postgresql; }
 	$(1)/bin/python -m pip install --quiet --force-reinstall --no-deps \
-	  $(DIST)/$(2)/*.whl $(DIST)/examples/*.whl
+	  $(DIST)/$(2)/*.whl $(DIST)/examples/*.whl $(DIST)/report/*.whl
 	$(1)/bin/python -m pip install --quiet \
-	  "$$(ls $(DIST)/$(2)/*.whl)[$(CORE_EXTRAS)]" "$$(ls $(DIST)/examples/*.whl)[$(EXAMPLE_EXTRAS)]"
+	  "$$(ls $(DIST)/$(2)/*.whl)[$(CORE_EXTRAS)]" "$$(ls $(DIST)/examples/*.whl)[$(EXAMPLE_EXTRAS)]" \
+	  "$$(ls $(DIST)/report/*.whl)"
 	echo "$(CURDIR)" > "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_purgatory_aio_checkout.pth"
 	cd / && $(CURDIR)/$(1)/bin/python -c 'import purgatory_aio, sys; \
 	  sys.exit(f"$(1) imports purgatory_aio.compiled={purgatory_aio.compiled}, wanted $(2)" \
@@ -90,7 +99,7 @@ define install_into
 	touch $(1)/.installed
 endef
 
-$(VENV)/.installed: $(DIST)/compiled/.built $(DIST)/examples/.built | $(VENV)/bin/python
+$(VENV)/.installed: $(DIST)/compiled/.built $(DIST)/examples/.built $(DIST)/report/.built | $(VENV)/bin/python
 	$(call install_into,$(VENV),compiled)
 
 install: $(VENV)/.installed
@@ -128,6 +137,7 @@ define pytest_on
 	@PYTHONSAFEPATH=1 PURGATORY_AIO_EXPECT_BUILD=$(2) $(if $(filter pure,$(2)),PURGATORY_AIO_NO_EXTENSIONS=1) \
 	  PURGATORY_AIO_WHEEL_DIR=$(CURDIR)/$(or $(4),$(DIST)/compiled) \
 	  PURGATORY_AIO_EXAMPLES_WHEEL_DIR=$(CURDIR)/$(DIST)/examples \
+	  PURGATORY_AIO_REPORT_WHEEL_DIR=$(CURDIR)/$(DIST)/report \
 	  $(1)/bin/python -m pytest $(PYTEST_ARGS) $(3); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 endef
@@ -162,8 +172,8 @@ interpreter-%:
 	@echo "$(call python_for,$*)"
 
 lint: install
-	$(VENV)/bin/ruff check purgatory_aio tests examples bench hatch_build.py mkdocs_hooks.py
-	$(VENV)/bin/ruff format --check purgatory_aio tests examples bench hatch_build.py mkdocs_hooks.py
+	$(VENV)/bin/ruff check purgatory_aio report tests examples bench hatch_build.py mkdocs_hooks.py
+	$(VENV)/bin/ruff format --check purgatory_aio report tests examples bench hatch_build.py mkdocs_hooks.py
 	$(VENV)/bin/mypy
 
 # --- documentation -----------------------------------------------------------------

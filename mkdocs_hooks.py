@@ -16,12 +16,12 @@ from typing import Any
 
 ROLE = re.compile(r":(?:class|meth|func|mod|data|attr|exc|obj):<code>(?P<target>[^<]+)</code>")
 #: The heading ids mkdocstrings gives each documented object: its dotted path.
-OBJECT_ID = re.compile(r'\bid="(?P<path>purgatory_aio(?:\.\w+)*)"')
+OBJECT_ID = re.compile(r'\bid="(?P<path>(?:purgatory_aio|purgatory_report)(?:\.\w+)*)"')
 
 
 def _candidates(name: str, context: str) -> list[str]:
     """Where a relative ``name`` may live, innermost first, from the object ``context``."""
-    if name.startswith("purgatory_aio"):
+    if name.startswith(("purgatory_aio", "purgatory_report")):
         return [name]
     name = name.lstrip(".")
     parts = context.split(".")

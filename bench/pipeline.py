@@ -201,7 +201,7 @@ def _report_process(
     log_dir: Path, out: Path, master: str, env: dict[str, str], conf: dict[str, str]
 ) -> float:
     command = [
-        sys.executable, "-m", "purgatory_aio.analytics.cli", str(log_dir), "--out", str(out),
+        sys.executable, "-m", "purgatory_report.cli", str(log_dir), "--out", str(out),
         "--master", master,
     ]  # fmt: skip
     for key, value in conf.items():
@@ -424,7 +424,7 @@ def disagreements(report_dir: Path, duck: dict[str, Any]) -> list[str]:
 def class_archive_state() -> str:
     """Whether the report's runs start from a class-data archive of Spark's classes:
     ``present``, ``off``, or ``written by the first run`` (which then takes longer)."""
-    from purgatory_aio.analytics.session import class_archive_dir, class_archive_path
+    from purgatory_report.session import class_archive_dir, class_archive_path
 
     directory = class_archive_dir()
     if directory is None:

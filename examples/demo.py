@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     _run(
         f"Spark report over the event log ({args.master})",
         [
-            python, "-m", "purgatory_aio.analytics.cli",
+            python, "-m", "purgatory_report.cli",
             str(events), "--out", str(report), "--master", args.master,
         ],
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """What the wheels hold, the build switch, and one import name per module.
 
 The wheel checks read the wheels `make test` built and installed (their directories
-come in PURGATORY_AIO_WHEEL_DIR and PURGATORY_AIO_EXAMPLES_WHEEL_DIR); run outside make,
+come in PURGATORY_AIO_WHEEL_DIR, PURGATORY_AIO_EXAMPLES_WHEEL_DIR and
+PURGATORY_AIO_REPORT_WHEEL_DIR); run outside make,
 they skip and say so.
 """
 
@@ -58,8 +59,13 @@ def test_the_library_wheel_holds_purgatory_aio_only(build: str) -> None:
     ]
     assert stray == []
     assert not [n for n in names if "minikafka" in n or "hatch_build" in n]
+    # The report is a distribution of its own: no Spark code in the library's wheel.
+    assert not [n for n in names if "analytics" in n or "purgatory_report" in n]
     assert "purgatory-sim" not in scripts
-    assert "purgatory-report" in scripts
+    assert "purgatory-report" not in scripts
+    assert b"pyspark" not in b"".join(
+        zipfile.ZipFile(wheels[0]).read(n) for n in names if n.endswith(".py")
+    )
     extensions = {n.split("/")[-1].split(".")[0] for n in names if n.endswith(".so")}
     sources = {n.split("/")[-1][:-3] for n in names if n.endswith(".py")}
     # Both implementations in the compiled wheel: every extension has its source beside.
@@ -86,8 +92,28 @@ def test_the_examples_wheel_holds_minikafka_and_its_script() -> None:
 LICENSE_TEXT = (CHECKOUT / "LICENSE").read_text()
 
 
+def test_the_report_wheel_holds_the_report_and_its_script() -> None:
+    with _wheel("PURGATORY_AIO_REPORT_WHEEL_DIR") as wheel:
+        names = wheel.namelist()
+        scripts = _entry_points(wheel)
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = wheel.read(metadata).decode()
+    assert [
+        n for n in names if not n.startswith(("purgatory_report/", "purgatory_aio_report-"))
+    ] == []
+    assert "purgatory_report/cli.py" in names and "purgatory_report/py.typed" in names
+    assert "purgatory-report = purgatory_report.cli:main" in scripts
+    assert "Requires-Dist: purgatory-aio\n" in requires
+    assert "Requires-Dist: pyspark>=3.5\n" in requires
+
+
 @pytest.mark.parametrize(
-    "variable", ["PURGATORY_AIO_WHEEL_DIR", "PURGATORY_AIO_EXAMPLES_WHEEL_DIR"]
+    "variable",
+    [
+        "PURGATORY_AIO_WHEEL_DIR",
+        "PURGATORY_AIO_EXAMPLES_WHEEL_DIR",
+        "PURGATORY_AIO_REPORT_WHEEL_DIR",
+    ],
 )
 def test_each_wheel_carries_the_apache_license_its_metadata_declares(variable: str) -> None:
     assert "Apache License" in LICENSE_TEXT and "Version 2.0, January 2004" in LICENSE_TEXT

@@ -16,8 +16,8 @@ from purgatory_aio.events import OperationEvent
 def spark() -> Iterator[Any]:
     """The run's only SparkSession; fails (never skips) without Java or PySpark."""
     try:
-        from purgatory_aio.analytics.errors import JAVA_MISSING
-        from purgatory_aio.analytics.session import create_session, find_java
+        from purgatory_report.errors import JAVA_MISSING
+        from purgatory_report.session import create_session, find_java
     except ImportError as exc:
         pytest.fail(f"analytics tests need the spark extra: {exc}", pytrace=False)
     if find_java() is None:

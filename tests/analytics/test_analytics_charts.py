@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from purgatory_aio.analytics import charts
-from purgatory_aio.analytics.anomalies import Window, find_windows
-from purgatory_aio.analytics.metrics import CURVE_QUANTILES, WHATIF_FRACTIONS
-from purgatory_aio.analytics.model import Report
-from purgatory_aio.analytics.quality import Quality
-from purgatory_aio.analytics.render import key_findings, render_markdown
+from purgatory_report import charts
+from purgatory_report.anomalies import Window, find_windows
+from purgatory_report.metrics import CURVE_QUANTILES, WHATIF_FRACTIONS
+from purgatory_report.model import Report
+from purgatory_report.quality import Quality
+from purgatory_report.render import key_findings, render_markdown
 
 T0 = 1_767_225_600  # 2026-01-01 00:00:00 UTC
 

@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import purgatory_report.cli as cli
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from purgatory_report.cli import main
+from purgatory_report.errors import JAVA_MISSING
 
-import purgatory_aio.analytics.cli as cli
-from purgatory_aio.analytics.cli import main
-from purgatory_aio.analytics.errors import JAVA_MISSING
 from purgatory_aio.eventlog import arrow_schema
 from purgatory_aio.events import COLUMNS, OperationEvent
 
@@ -177,7 +177,7 @@ def test_a_file_that_is_not_an_event_file_is_not_a_directory(capsys, tmp_path: P
 def test_unwritable_output_fails_before_spark_starts(
     capsys, tmp_path: Path, monkeypatch, out: str
 ) -> None:
-    from purgatory_aio.analytics import session
+    from purgatory_report import session
 
     write_parquet(tmp_path / "events" / "x.parquet", [EVENT.as_dict()], arrow_schema())
 
@@ -235,7 +235,7 @@ def test_java_home_without_java(capsys, tmp_path: Path, monkeypatch) -> None:
 def test_missing_pyspark_says_which_extra_to_install(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['pyspark'] = None\n"
-        "from purgatory_aio.analytics.cli import main\n"
+        "from purgatory_report.cli import main\n"
         f"raise SystemExit(main([{str(tmp_path)!r}, '--out', {str(tmp_path / 'out')!r}]))\n"
     )
     done = subprocess.run(
@@ -245,7 +245,7 @@ def test_missing_pyspark_says_which_extra_to_install(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         done.stderr.strip(),
     ]
-    assert "pip install 'purgatory-aio[spark]'" in done.stderr
+    assert "pip install ./report from a clone: purgatory-aio-report" in done.stderr
 
 
 def test_bad_master_url(capsys, tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_columns_of_the_cli_schema_match_the_event_schema() -> None:
 
 
 def test_the_jvm_start_up_noise_is_dropped_and_its_errors_kept() -> None:
-    from purgatory_aio.analytics.session import forward_jvm_stderr
+    from purgatory_report.session import forward_jvm_stderr
 
     source = io.BytesIO(
         b"WARNING: Using incubator modules: jdk.incubator.vector\n"
@@ -309,7 +309,7 @@ def test_the_jvm_start_up_noise_is_dropped_and_its_errors_kept() -> None:
 # the command started (a real JVM, really killed), then runs as usual.
 _DYING_JVM = """
 import os, signal, sys
-from purgatory_aio.analytics import cli, report, session
+from purgatory_report import cli, report, session
 real_run = report.run
 def run(*args, spark, **kwargs):
     action = sys.argv[1]
@@ -360,7 +360,7 @@ def test_a_dying_jvm_is_one_line_not_a_write_error(
 # starts a new one.
 _TWICE = """
 import sys
-from purgatory_aio.analytics import cli, session
+from purgatory_report import cli, session
 first = cli.main(sys.argv[1:] + ["--out", sys.argv[1] + "-1"])
 released = session._Jvm.process is None
 print("first", first, "released", released, flush=True)
@@ -395,9 +395,8 @@ def test_the_accumulator_server_is_woken_to_stop_without_an_error(
     the serving thread ends, its handler (serving the wake-up) reports nothing."""
     import threading
 
+    from purgatory_report.session import _wake_accumulator_server
     from pyspark.accumulators import _start_update_server
-
-    from purgatory_aio.analytics.session import _wake_accumulator_server
 
     before = set(threading.enumerate())
     server = _start_update_server("secret-token", False)

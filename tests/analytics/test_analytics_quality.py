@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from eventlog_reference import START, by_group
+from purgatory_report.cli import main
+from purgatory_report.inputs import TimeRange, find_event_files
+from purgatory_report.metrics import meaningful
+from purgatory_report.quality import REASONS
 
-from purgatory_aio.analytics.cli import main
-from purgatory_aio.analytics.inputs import TimeRange, find_event_files
-from purgatory_aio.analytics.metrics import meaningful
-from purgatory_aio.analytics.quality import REASONS
 from purgatory_aio.eventlog import JsonLinesWriter, ParquetWriter
 from purgatory_aio.events import OperationEvent
 
@@ -190,8 +190,7 @@ def test_whatif_counts_hold_at_the_fraction_boundaries(spark: Any, tmp_path: Pat
 
     import pyarrow.parquet as pq
     from eventlog_reference import would_expire
-
-    from purgatory_aio.analytics.metrics import WHATIF_FRACTIONS
+    from purgatory_report.metrics import WHATIF_FRACTIONS
 
     events = []
     op_id = 0
@@ -236,16 +235,15 @@ def test_percentiles_are_observed_values_within_the_rank_error_and_exact_when_fe
     import math
     from bisect import bisect_left, bisect_right
 
-    from pyspark.sql import functions as F
-
-    from purgatory_aio.analytics.metrics import (
+    from purgatory_report.metrics import (
         CURVE_QUANTILES,
         JUDGED,
         RANK_ERROR,
         SKETCH_K,
         percentile_input,
     )
-    from purgatory_aio.analytics.report import _curves
+    from purgatory_report.report import _curves
+    from pyspark.sql import functions as F
 
     created = F.lit(1.7e9) + F.col("id") / 1000
     big = spark.range(150_000).select(
@@ -290,7 +288,7 @@ def test_percentiles_are_observed_values_within_the_rank_error_and_exact_when_fe
 
 @pytest.mark.spark
 def test_hot_key_top_n_equals_a_full_sort(spark: Any) -> None:
-    from purgatory_aio.analytics import metrics
+    from purgatory_report import metrics
 
     rows = [("p", "Op", f"key-{n:04d}", (n * 7919) % 503, 0, 0, 0, 0) for n in range(2_000)]
     columns = ["purgatory", "op_type", "key", "watched", *("completed", "expired", "cancelled")]
@@ -305,7 +303,7 @@ def test_hot_keys_ranked_on_the_driver_are_the_ones_spark_ranks(spark: Any) -> N
     """Ties in the count (the smaller key first, by its bytes), null and non-ASCII keys,
     a null group, groups with fewer keys than asked: the same rows in the same order."""
 
-    from purgatory_aio.analytics import metrics
+    from purgatory_report import metrics
 
     rows = [
         (purgatory, op_type, key, watched, watched // 2, watched // 3, 0, 0, watched / 7)
@@ -340,7 +338,7 @@ def test_hot_keys_ranked_on_the_driver_are_the_ones_spark_ranks(spark: Any) -> N
 def test_a_key_listed_twice_counts_once_in_short_and_long_lists(spark: Any) -> None:
     """Repeated keys, null keys anywhere, lists of one to seven keys and longer than the
     in-place scan handles."""
-    from purgatory_aio.analytics import metrics
+    from purgatory_report import metrics
 
     long_list = [f"k{n % 7}" for n in range(3 * metrics.SHORT_KEY_LIST)]
     lists = [
@@ -387,7 +385,7 @@ def test_uris_go_through_hadoop_file_system(
 ) -> None:
     """``file:`` URIs taken down the path of ``hdfs://``/``s3a://``: listed, read, the
     small files copied up and the staging directory renamed, all by Hadoop's file system."""
-    from purgatory_aio.analytics import inputs, output
+    from purgatory_report import inputs, output
 
     def only_plain_paths(location: str) -> bool:
         return ":" not in location
@@ -409,10 +407,10 @@ def checked_identities(spark: Any, tmp_path: Path, records: list[OperationEvent]
     """``records`` written as one Parquet file, read back and checked: (quality, frame)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from purgatory_report.inputs import CORRUPT, read_events
+    from purgatory_report.quality import Quality
+    from purgatory_report.report import check_identities
 
-    from purgatory_aio.analytics.inputs import CORRUPT, read_events
-    from purgatory_aio.analytics.quality import Quality
-    from purgatory_aio.analytics.report import check_identities
     from purgatory_aio.eventlog import arrow_schema
     from purgatory_aio.events import COLUMNS
 
@@ -450,8 +448,8 @@ def test_copies_and_conflicting_ids_are_told_apart_in_one_pass(spark: Any, tmp_p
 def test_id_blocks_hold_at_their_edges(spark: Any, tmp_path: Path) -> None:
     """Ids around block edges (63/64, -1/0, the extremes of a long), many writers sharing
     ids, and repeats within and across blocks: counted as a record-by-record check would."""
-    from purgatory_aio.analytics.quality import Quality
-    from purgatory_aio.analytics.report import check_identities
+    from purgatory_report.quality import Quality
+    from purgatory_report.report import check_identities
 
     edges = [-(2**63), -(2**63) + 1, -65, -64, -63, -1, 0, 1, 63, 64, 127, 128, 2**63 - 1]
     records = [GOOD._replace(producer=writer, op_id=op) for writer in ("w1", "w2") for op in edges]
@@ -486,9 +484,8 @@ def test_writers_whose_hashes_collide_are_still_counted_exactly(
 ) -> None:
     """Every writer hashed alike shares its id blocks with the others: the shared blocks
     only take the exact pass, and the counts are those of distinct hashes."""
+    from purgatory_report import report
     from pyspark.sql import functions as F
-
-    from purgatory_aio.analytics import report
 
     records = [
         GOOD._replace(producer=writer, purgatory=purgatory, op_id=op)

@@ -21,15 +21,15 @@ from eventlog_reference import (
     rank_bounds,
     would_expire,
 )
-
-from purgatory_aio.analytics.cli import main
-from purgatory_aio.analytics.metrics import (
+from purgatory_report.cli import main
+from purgatory_report.metrics import (
     HEADLINE_QUANTILES,
     RANK_ERROR,
     WHATIF_FRACTIONS,
 )
-from purgatory_aio.analytics.model import SUMMARY_KEYS
-from purgatory_aio.analytics.render import NOT_JUDGEABLE
+from purgatory_report.model import SUMMARY_KEYS
+from purgatory_report.render import NOT_JUDGEABLE
+
 from purgatory_aio.events import OUTCOMES, OperationEvent
 
 pytestmark = pytest.mark.spark
@@ -258,7 +258,7 @@ def test_partials_too_many_to_collect_are_finished_by_spark_alike(
 ) -> None:
     """A log whose per-second partials and hot keys are too many for the driver gets the
     same report, its figures, throughput table, timeline and top keys computed by Spark."""
-    from purgatory_aio.analytics import report
+    from purgatory_report import report
 
     monkeypatch.setattr(report, "DRIVER_PARTIALS", 0)
     monkeypatch.setattr(report, "DRIVER_KEYS", 0)  # and the top keys ranked by Spark
@@ -286,7 +286,7 @@ def test_a_failure_stops_the_passes_and_leaves_nothing(
     others are stopped; so does an error while they are being started (after the
     identity check and the figures began). The report directory is never created and
     no job lingers."""
-    from purgatory_aio.analytics import report
+    from purgatory_report import report
 
     def broken(*_: object) -> None:
         raise RuntimeError(name)
@@ -308,7 +308,7 @@ def test_a_standalone_cluster_gives_the_same_report(
 
     out = tmp_path / "cluster-report"
     command = [
-        sys.executable, "-m", "purgatory_aio.analytics.cli", str(event_log),
+        sys.executable, "-m", "purgatory_report.cli", str(event_log),
         "--out", str(out), "--top-keys", str(TOP_KEYS), "--master", standalone_cluster,
         "--conf", "spark.driver.host=127.0.0.1",
         "--conf", "spark.driver.bindAddress=127.0.0.1",
@@ -330,7 +330,7 @@ def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
     """The first run leaves one complete archive (nothing half-written); the next run
     maps it, and gives the same report with nothing more on stderr; a damaged archive
     is dropped and the run starts without it."""
-    from purgatory_aio.analytics.session import CLASS_CACHE_ENV
+    from purgatory_report.session import CLASS_CACHE_ENV
 
     cache = tmp_path / "classes"
     env = {**os.environ, CLASS_CACHE_ENV: str(cache)}
@@ -342,7 +342,7 @@ def test_the_first_local_run_keeps_a_class_archive_the_next_starts_from(
             archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
         out = tmp_path / f"report-{run}"
         command = [
-            sys.executable, "-m", "purgatory_aio.analytics.cli", str(event_log),
+            sys.executable, "-m", "purgatory_report.cli", str(event_log),
             "--out", str(out), "--top-keys", str(TOP_KEYS), "--master", "local[2]",
         ]  # fmt: skip
         done = subprocess.run(
@@ -369,7 +369,7 @@ def test_a_borrowed_session_is_never_stopped_for_a_class_archive(
 ) -> None:
     """An archive asked for but never given to a JVM (a start that failed, a caller that
     only built the options): the command run on a borrowed session leaves its JVM alone."""
-    from purgatory_aio.analytics import session
+    from purgatory_report import session
 
     assert session.class_archive_options(tmp_path / "classes")
     try:
@@ -383,7 +383,7 @@ def test_a_borrowed_session_is_never_stopped_for_a_class_archive(
 def test_the_class_archive_is_off_or_where_the_environment_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from purgatory_aio.analytics import session
+    from purgatory_report import session
 
     monkeypatch.setenv(session.CLASS_CACHE_ENV, "off")
     assert session.class_archive_dir() is None
@@ -417,7 +417,7 @@ def test_the_class_archive_is_off_or_where_the_environment_says(
 
 
 def test_report_opens_with_findings_and_states_its_run(out_dir: Path) -> None:
-    from purgatory_aio.analytics.session import local_defaults
+    from purgatory_report.session import local_defaults
 
     text = (out_dir / "report.md").read_text()
     assert text.index("## Key findings") < text.index("## Data quality")
@@ -430,7 +430,7 @@ def test_report_opens_with_findings_and_states_its_run(out_dir: Path) -> None:
 
 
 def test_local_defaults_come_from_the_machine() -> None:
-    from purgatory_aio.analytics.session import local_defaults, machine_memory
+    from purgatory_report.session import local_defaults, machine_memory
 
     defaults = local_defaults("local[2]")
     heap = int(defaults["spark.driver.memory"].rstrip("g"))

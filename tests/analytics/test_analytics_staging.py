@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from purgatory_aio.analytics import staging
-from purgatory_aio.analytics.cli import main
-from purgatory_aio.analytics.inputs import REQUIRED, EventFiles, read_events
+from purgatory_report import staging
+from purgatory_report.cli import main
+from purgatory_report.inputs import REQUIRED, EventFiles, read_events
 
 T0 = 1_700_000_000.0
 EVENT: dict[str, Any] = {
@@ -331,8 +330,8 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text(
         "from pathlib import Path\n"
-        "from purgatory_aio.analytics import staging\n"
-        "from purgatory_aio.analytics.inputs import REQUIRED\n"
+        "from purgatory_report import staging\n"
+        "from purgatory_report.inputs import REQUIRED\n"
         f"with open({str(ran)!r}, 'a') as marks:\n"
         "    marks.write('ran\\n')\n"
         f"out = Path({str(tmp_path / 'staged')!r})\n"
@@ -410,7 +409,7 @@ def test_a_cancelled_staging_leaves_the_json_to_spark(tmp_path: Path) -> None:
 def test_a_run_interrupted_while_staging_removes_the_staging(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from purgatory_aio.analytics import report
+    from purgatory_report import report
 
     events, staging_parent = json_log(tmp_path, monkeypatch)
 
@@ -425,7 +424,7 @@ def test_a_run_interrupted_while_staging_removes_the_staging(
 
 _HOLD_STAGING = (
     "import sys, time\n"
-    "from purgatory_aio.analytics import staging\n"
+    "from purgatory_report import staging\n"
     "directory, _ = staging.staging_directory(sys.argv[1])\n"
     "(directory / 'part-0.parquet').write_bytes(b'staged')\n"
     "print(directory, flush=True)\n"

@@ -20,10 +20,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from purgatory_report.cli import main
 from test_eventlog_writers import WRITERS, make_events, read_back, visible
 
 from purgatory_aio import DelayedOperation, Purgatory
-from purgatory_aio.analytics.cli import main
 from purgatory_aio.eventlog import JsonLinesWriter, ParquetWriter, QueuedEventWriter
 from purgatory_aio.testing import ManualClock
 

@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import pytest
+from purgatory_report.cli import main
 
 from purgatory_aio import DelayedOperation, Purgatory
-from purgatory_aio.analytics.cli import main
 from purgatory_aio.eventlog import JsonLinesWriter, ParquetWriter, arrow_schema
 from purgatory_aio.testing import ManualClock
 

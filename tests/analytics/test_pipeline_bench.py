@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from purgatory_aio.analytics.cli import main
+from purgatory_report.cli import main
 
 pytestmark = pytest.mark.spark
 

@@ -22,8 +22,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from purgatory_aio.analytics.errors import ReportError, missing_dependency
-from purgatory_aio.analytics.inputs import is_local, local_path
+from purgatory_report.errors import ReportError, missing_dependency
+from purgatory_report.inputs import is_local, local_path
 
 try:
     import pyarrow as pa
@@ -129,7 +129,7 @@ class ReportOutput:
         except ReportError:
             raise
         except Exception as exc:
-            from purgatory_aio.analytics.errors import describe_spark_error
+            from purgatory_report.errors import describe_spark_error
 
             raise ReportError(
                 f"cannot write the report to {location}: {describe_spark_error(exc)}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from purgatory_aio.analytics.anomalies import KINDS, THRESHOLD, Window
-from purgatory_aio.analytics.metrics import ACCURACY, RANK_ERROR, SKETCH_K, TAIL_SHARE
-from purgatory_aio.analytics.model import Report, Row, label, timeouts_vary
-from purgatory_aio.analytics.quality import PLAUSIBLE_FROM, PLAUSIBLE_UNTIL, REASONS
+from purgatory_report.anomalies import KINDS, THRESHOLD, Window
+from purgatory_report.metrics import ACCURACY, RANK_ERROR, SKETCH_K, TAIL_SHARE
+from purgatory_report.model import Report, Row, label, timeouts_vary
+from purgatory_report.quality import PLAUSIBLE_FROM, PLAUSIBLE_UNTIL, REASONS
 
 #: A shorter timeout "costs little" when it expires at most this many more
 #: operations (a share of those judged) than the timeout used.

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from purgatory_aio.analytics.errors import ReportError, missing_dependency
 from purgatory_aio.events import COLUMNS, OUTCOMES
+from purgatory_report.errors import ReportError, missing_dependency
 
 try:
     import pyarrow as pa

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 SPARK_MISSING = (
-    "purgatory-report needs PySpark, pyarrow and matplotlib: pip install 'purgatory-aio[spark]'"
+    "purgatory-report needs PySpark, pyarrow and matplotlib: reinstall its distribution "
+    "with its dependencies (pip install ./report from a clone: purgatory-aio-report)"
 )
 
 JAVA_MISSING = (

@@ -4,8 +4,8 @@ Needs the ``spark`` extra (PySpark, pyarrow, matplotlib) and Java 17; nothing
 here is imported by the core. Run it as ``purgatory-report EVENTS_DIR --out
 REPORT_DIR``, or from Python::
 
-    from purgatory_aio.analytics.report import run
-    from purgatory_aio.analytics.session import create_session
+    from purgatory_report.report import run
+    from purgatory_report.session import create_session
 
     report = run("events/", "report/", spark=create_session("local[2]"))
 

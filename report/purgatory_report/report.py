@@ -1,8 +1,8 @@
 """The report run: event log in, ``summary.json``, Parquet tables, charts and ``report.md`` out.
 
 Examples:
-    >>> from purgatory_aio.analytics.report import run
-    >>> from purgatory_aio.analytics.session import create_session
+    >>> from purgatory_report.report import run
+    >>> from purgatory_report.session import create_session
     >>> report = run("events/", "report/", spark=create_session("local[2]"))  # doctest: +SKIP
     >>> report.summary[0]["latency_p99"]                                       # doctest: +SKIP
 """
@@ -21,10 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from purgatory_aio.analytics import charts, inputs, metrics, staging
-from purgatory_aio.analytics.anomalies import find_windows
-from purgatory_aio.analytics.errors import ReportError, missing_dependency
-from purgatory_aio.analytics.inputs import (
+from purgatory_aio.events import COLUMNS, OUTCOMES
+from purgatory_report import charts, inputs, metrics, staging
+from purgatory_report.anomalies import find_windows
+from purgatory_report.errors import ReportError, missing_dependency
+from purgatory_report.inputs import (
     CHECK_PREFIX,
     COPIES,
     CORRUPT,
@@ -37,7 +38,7 @@ from purgatory_aio.analytics.inputs import (
     read_drop_markers,
     read_events,
 )
-from purgatory_aio.analytics.metrics import (
+from purgatory_report.metrics import (
     CURVE_QUANTILES,
     GROUP,
     HEADLINE_QUANTILES,
@@ -45,13 +46,12 @@ from purgatory_aio.analytics.metrics import (
     WHATIF_FRACTIONS,
     meaningful,
 )
-from purgatory_aio.analytics.model import SUMMARY_KEYS, Report, Row, label
-from purgatory_aio.analytics.output import ReportOutput, check_local_target
-from purgatory_aio.analytics.quality import REASON, REASONS, Quality
-from purgatory_aio.analytics.quality import reason as quality_reason
-from purgatory_aio.analytics.render import render_markdown
-from purgatory_aio.analytics.session import describe_run
-from purgatory_aio.events import COLUMNS, OUTCOMES
+from purgatory_report.model import SUMMARY_KEYS, Report, Row, label
+from purgatory_report.output import ReportOutput, check_local_target
+from purgatory_report.quality import REASON, REASONS, Quality
+from purgatory_report.quality import reason as quality_reason
+from purgatory_report.render import render_markdown
+from purgatory_report.session import describe_run
 
 try:
     import pyarrow as pa

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from purgatory_aio.analytics.errors import missing_dependency
 from purgatory_aio.events import OUTCOMES
+from purgatory_report.errors import missing_dependency
 
 try:
     import pyarrow as pa

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from purgatory_aio.analytics.anomalies import Window
-from purgatory_aio.analytics.errors import missing_dependency
+from purgatory_report.anomalies import Window
+from purgatory_report.errors import missing_dependency
 
 try:
     from matplotlib.axes import Axes

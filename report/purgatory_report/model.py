@@ -23,8 +23,8 @@ SUMMARY_KEYS = (
 Row = dict[str, Any]
 
 if TYPE_CHECKING:
-    from purgatory_aio.analytics.anomalies import Window
-    from purgatory_aio.analytics.quality import Quality
+    from purgatory_report.anomalies import Window
+    from purgatory_report.quality import Quality
 
 
 @dataclass

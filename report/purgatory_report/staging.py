@@ -56,8 +56,8 @@ from typing import IO, Any
 
 import structlog
 
-from purgatory_aio.analytics.errors import ReportError, missing_dependency
 from purgatory_aio.events import COLUMNS
+from purgatory_report.errors import ReportError, missing_dependency
 
 try:
     import numpy as np
@@ -148,7 +148,7 @@ def arrow_workers(reader: str, master: str) -> tuple[int, None] | tuple[None, st
     Raises:
         ReportError: ``reader`` is not one of :data:`JSON_READERS`.
     """
-    from purgatory_aio.analytics.session import local_cores
+    from purgatory_report.session import local_cores
 
     if reader_choice(reader) == "spark":
         return None, f"parsed by Spark ({JSON_READER_CONF}=spark)"
@@ -461,7 +461,7 @@ def _run_workers(
 ) -> int:
     """Run ``tasks`` on ``workers`` processes; the rows staged.
 
-    Each worker is ``python -m purgatory_aio.analytics.staging TASKS_FILE``: a fresh
+    Each worker is ``python -m purgatory_report.staging TASKS_FILE``: a fresh
     interpreter on the caller's ``sys.path`` that imports only this module. (A
     multiprocessing pool's spawned workers would import the caller's ``__main__``
     again: a script without a ``__main__`` guard would run its whole report once per

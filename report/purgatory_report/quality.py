@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from purgatory_aio.analytics.errors import missing_dependency
+from purgatory_report.errors import missing_dependency
 
 try:
     from pyspark.sql import Column

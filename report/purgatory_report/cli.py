@@ -8,7 +8,7 @@ Usage::
 It also runs under ``spark-submit``, which then chooses the master::
 
     PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/spark-submit \\
-        --master spark://HOST:7077 purgatory_aio/analytics/cli.py EVENTS_DIR --out REPORT_DIR
+        --master spark://HOST:7077 report/purgatory_report/cli.py EVENTS_DIR --out REPORT_DIR
 
 Exit status: 0 on success, 1 on bad input, a data quality problem under
 ``--strict`` or a failed Spark job (one line on stderr says why), 2 on bad usage.
@@ -34,12 +34,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from purgatory_aio.analytics.errors import SPARK_MISSING, ReportError, describe_spark_error
+from purgatory_report.errors import SPARK_MISSING, ReportError, describe_spark_error
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as Session
 
-    from purgatory_aio.analytics.staging import Staging
+    from purgatory_report.staging import Staging
 
 PROG = "purgatory-report"
 
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None, *, spark: Session | None = None) -> 
 def _keep_class_archive() -> None:
     """After the result is out: the first local run on a machine waits here while its
     JVM writes the class archive that later runs start from (an interrupt skips it)."""
-    session = sys.modules.get("purgatory_aio.analytics.session")
+    session = sys.modules.get("purgatory_report.session")
     if session is None or not session.class_archive_pending():
         return
     if sys.stderr.isatty():
@@ -148,8 +148,8 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
     try:
         from pyspark.sql import SparkSession
 
-        from purgatory_aio.analytics import inputs, output, session
-        from purgatory_aio.analytics import staging as _staging  # noqa: F401 - names a missing numpy
+        from purgatory_report import inputs, output, session
+        from purgatory_report import staging as _staging  # noqa: F401 - names a missing numpy
 
         if importlib.util.find_spec("matplotlib") is None:  # imported below, on a thread
             raise ImportError("no module named 'matplotlib'", name="matplotlib")
@@ -158,7 +158,7 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
     # The report's own modules (matplotlib above all: 1-2 s) load on a thread while the
     # JVM starts, which mostly waits on its own process.
     loading = ThreadPoolExecutor(1, thread_name_prefix="purgatory-report-import")
-    report_module = loading.submit(importlib.import_module, "purgatory_aio.analytics.report")
+    report_module = loading.submit(importlib.import_module, "purgatory_report.report")
     loading.shutdown(wait=False)
 
     # py4j logs a dying JVM's broken connection with a traceback (some of it through the
@@ -235,7 +235,7 @@ def _main(argv: Sequence[str] | None, spark: Session | None) -> int:
 
 def _begin_staging(master: str | None, conf: dict[str, str], paths: list[str]) -> Staging | None:
     """Local JSON Lines parsed by Arrow from now on when Spark will run on this machine."""
-    from purgatory_aio.analytics import inputs, session, staging
+    from purgatory_report import inputs, session, staging
 
     reader = conf.get(staging.JSON_READER_CONF, "arrow")
     if master is None and session.under_spark_submit():
@@ -252,7 +252,7 @@ _UNCLEAN_SHUTDOWN = "Unable to cleanly shutdown Spark JVM process"
 
 def _stop(spark: Session) -> None:
     """Stop a session this command started; a dead JVM has nothing left to stop."""
-    from purgatory_aio.analytics import session
+    from purgatory_report import session
 
     try:
         session.stop_session(spark)

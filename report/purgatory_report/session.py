@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from purgatory_aio.analytics.errors import (
+from purgatory_report.errors import (
     JAVA_MISSING,
     ReportError,
     describe_spark_error,
