@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, final
 
+from . import _build
 from ._logging import get_logger
 from ._native import i64, mypyc_attr
 from ._purgatory import Purgatory
@@ -31,7 +32,7 @@ _NAN: Final = float("nan")
 #: Interpreted, those are more bytecodes than :func:`decode`'s ``split()`` and
 #: ``float()`` (20.9k against 18.8k instructions a delivered advance, callgrind), so
 #: the pure build parses every message with :func:`decode`.
-_COMPILED: Final = not __file__.endswith(".py")
+_COMPILED: Final = _build.COMPILED
 
 #: Powers of ten that are exact doubles, for :func:`_plain_decimal`.
 _POWERS: Final = tuple(float(10**k) for k in range(16))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from types import FunctionType
 from typing import TYPE_CHECKING, Any, Final
+
+from . import _build
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -36,10 +37,6 @@ def describe(state: int) -> str:
         return "completed"
     return "pending"
 
-
-def _interpreted() -> bool:
-    """Whether this module runs as Python bytecode (mypyc makes functions built-ins)."""
-    return isinstance(_interpreted, FunctionType)
 
 
 def _gil_enabled() -> bool:
@@ -71,7 +68,7 @@ def needs_lock(interpreted: bool, gil_enabled: bool) -> bool:
 #: Whether a transition takes the lock (see :func:`needs_lock`). Decided once, at import:
 #: a free-threaded interpreter can turn the GIL on later (an extension module that needs
 #: it), never off again, so a lock taken from the start is never wrong.
-LOCKED: Final = needs_lock(_interpreted(), _gil_enabled())
+LOCKED: Final = needs_lock(not _build.COMPILED, _gil_enabled())
 
 # One lock for every state transition (of the interpreted build): held for a few
 # bytecodes, never across a call into user code, so contention is negligible and no

@@ -190,3 +190,21 @@ def test_without_the_switch_the_extensions_run_where_installed(value: str | None
     assert seen["compiled"] is has
     assert seen["timer_source"] is (not has) and seen["relay_source"] is (not has)
     assert seen["untracking"] is has
+
+
+def test_one_place_knows_which_implementation_runs() -> None:
+    from pathlib import Path
+
+    from purgatory_aio import _gc, _relay, _states
+
+    assert purgatory_aio.compiled is _build.COMPILED
+    assert _gc.UNTRACKING is _build.COMPILED
+    assert _relay._COMPILED is _build.COMPILED
+    assert _states.LOCKED is _states.needs_lock(not _build.COMPILED, _states._gil_enabled())
+    # Nobody else works it out for themselves.
+    package = Path(purgatory_aio.__file__ or "").parent
+    for source in package.rglob("*.py"):
+        if source.name != "_build.py":
+            text = source.read_text(encoding="utf-8")
+            assert 'endswith(".py")' not in text, source
+            assert "FunctionType)" not in text, source
