@@ -323,3 +323,35 @@ def test_the_supported_pythons_are_declared() -> None:
     assert project["requires-python"] == ">=3.11"
     for version in ("3.11", "3.12", "3.13"):
         assert f"Programming Language :: Python :: {version}" in project["classifiers"]
+
+
+@pytest.mark.slow
+def test_an_sdist_builds_compiled_with_a_compiler_and_pure_without(tmp_path: Path) -> None:
+    """The sdist carries what the compiled build needs (the build hook, the C helper):
+    built here it gives the compiled wheel, and without a C compiler the pure one."""
+    sdist_dir = tmp_path / "sdist"
+    done = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(sdist_dir)],
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (sdist,) = sdist_dir.glob("*.tar.gz")
+
+    compiled = _pip_wheel(sdist, "auto", tmp_path / "compiled")
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert _fallback_lines(compiled) == []
+    (wheel,) = (tmp_path / "compiled").iterdir()
+    assert "-cp3" in wheel.name
+    with zipfile.ZipFile(wheel) as archive:
+        extensions = {n.split("/")[-1].split(".")[0] for n in archive.namelist() if ".so" in n}
+    assert {*hatch_build.COMPILED_MODULES, *hatch_build.NATIVE_MODULES} <= extensions
+
+    pure = _pip_wheel(sdist, "auto", tmp_path / "pure", CC="no-such-cc")
+    assert pure.returncode == 0, pure.stderr[-3000:]
+    assert len(_fallback_lines(pure)) == 1
+    (wheel,) = (tmp_path / "pure").iterdir()
+    assert wheel.name.endswith("-py3-none-any.whl")
