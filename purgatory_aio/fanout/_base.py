@@ -531,10 +531,10 @@ class Fanout(BackendHost):
         Raises:
             FanoutUnavailable: the engine cannot be reached, or refused the credentials.
         """
+        if self._stopped:  # before the started check: a stopped fan-out was started
+            raise RuntimeError("a stopped fan-out cannot be started again: create another")
         if self._started:
             return
-        if self._stopped:
-            raise RuntimeError("a stopped fan-out cannot be started again: create another")
         try:
             async with asyncio.timeout(self._timeout * 2):
                 await self.backend.connect(self if self._subscribe else None)
@@ -657,7 +657,8 @@ class Fanout(BackendHost):
             self._receiver.revive = None
             self._stats.connected = True
             self._stats.recoveries += 1
-            _log.info("fanout_engine_recovered", address=self.address, downtime_s=downtime)
+            # At the outage's level: whoever was shown "down" must be shown "up" again.
+            _log.warning("fanout_engine_recovered", address=self.address, downtime_s=downtime)
             if self._subscribe:
                 # What was read or published meanwhile may have failed: catch up now.
                 self._schedule_resync()

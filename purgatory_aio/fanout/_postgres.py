@@ -233,9 +233,10 @@ class PostgresBackend(FanoutBackend):
                 INSERT INTO {table} AS stored (key, value, updated_at)
                 SELECT $2::text, $3::float8, now() WHERE $1::text = '{ADVANCE}'
                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()
-                -- raise to the greater one; replace a NaN or NULL someone else stored
+                -- raise to the greater one; replace a NaN, an infinity or a NULL someone
+                -- else stored (none is a value this fan-out writes: each is foreign)
                 WHERE stored.value < excluded.value OR stored.value IS NULL
-                    OR stored.value = 'NaN'::float8
+                    OR stored.value IN ('NaN'::float8, 'Infinity'::float8)
                 RETURNING 1
             )
             SELECT pg_notify({_literal(self.channel)}, $4::text)
@@ -291,6 +292,10 @@ class PostgresBackend(FanoutBackend):
         """Create the table unless it exists (one process at a time: concurrent CREATE TABLE
         IF NOT EXISTS can collide), and check that an existing one has the columns used."""
         table = _quote(self.table)
+        # Everything in one transaction that ends here: a statement prepared outside one
+        # leaves the session's implicit transaction open (asyncpg sends no Sync after it),
+        # and with it a lock on the table that an operator's ALTER, TRUNCATE or DROP would
+        # wait behind for as long as this member lives.
         async with conn.transaction():
             if await conn.fetchval("SELECT to_regclass($1) IS NULL", table):
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.table)
@@ -304,14 +309,16 @@ class PostgresBackend(FanoutBackend):
                     f"CREATE INDEX IF NOT EXISTS {_quote(self.table + '_updated_at')} "
                     f"ON {table} (updated_at)"
                 )
-        try:
-            statement = await conn.prepare(f"SELECT key, value, updated_at FROM {table} LIMIT 0")
-        except asyncpg.PostgresError as exc:
-            raise FanoutUnavailable(
-                f"cannot use {self.address}: the table {self.table} exists but is not the "
-                f"fan-out's ({exc}); choose another prefix"
-            ) from None
-        types = {attr.name: attr.type.name for attr in statement.get_attributes()}
+            try:
+                statement = await conn.prepare(
+                    f"SELECT key, value, updated_at FROM {table} LIMIT 0"
+                )
+            except asyncpg.PostgresError as exc:
+                raise FanoutUnavailable(
+                    f"cannot use {self.address}: the table {self.table} exists but is not the "
+                    f"fan-out's ({exc}); choose another prefix"
+                ) from None
+            types = {attr.name: attr.type.name for attr in statement.get_attributes()}
         if types.get("key") != "text" or types.get("value") != "float8":
             raise FanoutUnavailable(
                 f"cannot use {self.address}: the table {self.table} exists with other column "

@@ -199,3 +199,29 @@ async def test_operations_that_compare_equal_are_each_remembered_and_completed()
         fb.check("k")
         await settle()
         assert all(op.done() and op.result() is True for op in ops)
+
+
+async def test_recovery_is_logged_at_the_level_of_the_outage(restore_structlog: None) -> None:
+    """On-call, who sees "down" under default logging, sees "up" again too."""
+    import logging
+
+    import structlog
+    from fanout_support import until
+
+    captured = structlog.testing.LogCapture()
+    structlog.configure(
+        processors=[captured],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
+    hub = MemoryHub()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, a) as fa, MemoryFanout(hub, b) as fb:
+        fa.down(ConnectionError("the engine went away"))
+        await fb.advance_confirmed("k", 1)  # the next message fa receives says it is back
+        await until(lambda: fa.stats().recoveries == 1)
+    levels = [
+        (entry["event"], entry["log_level"])
+        for entry in captured.entries
+        if entry["event"].startswith("fanout_engine")
+    ]
+    assert levels == [("fanout_engine_down", "warning"), ("fanout_engine_recovered", "warning")]

@@ -20,7 +20,12 @@ from pg_support import PostgresServer
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, PostgresFanout, fanout_from_url
 from purgatory_aio.fanout._base import ABANDON_AFTER
-from purgatory_aio.fanout._postgres import LISTEN_APPLICATION, MAX_KEY_BYTES, WRITE_APPLICATION
+from purgatory_aio.fanout._postgres import (
+    LISTEN_APPLICATION,
+    MAX_KEY_BYTES,
+    READ_APPLICATION,
+    WRITE_APPLICATION,
+)
 
 PATIENCE = 15.0
 
@@ -237,15 +242,15 @@ async def test_foreign_rows_are_counted_and_raised_past(postgres: PostgresServer
             )
         waits = {key: await parked(fa, a, key) for key in ("inf", "neg", "nan")}
         await until(lambda: fa.stats().malformed == 3)
-        for key in ("neg", "nan"):
+        # Each foreign value is raised past, +Infinity too: an acknowledged advance is
+        # stored, and the waits complete.
+        for key in ("inf", "neg", "nan"):
             await fb.advance_confirmed(key, 1)
             async with asyncio.timeout(PATIENCE):
                 assert await waits[key] == 1.0
-        # +Infinity is never raised past: its waits expire at their deadlines, and the
-        # publisher carries on.
-        await fb.advance_confirmed("inf", 1)
-        assert not waits["inf"].done()
-        waits["inf"].cancel()
+        async with admin(postgres) as conn:
+            stored = await conn.fetch(f"SELECT key, value FROM {fa.table} ORDER BY key")
+        assert {row["key"]: row["value"] for row in stored} == {"inf": 1, "nan": 1, "neg": 1}
         assert fb.stats().publish_errors == 0
 
 
@@ -462,3 +467,43 @@ async def test_a_publish_only_member_keeps_nothing_per_key_over_100k_keys(
         assert grown < 5_000, f"{grown} more objects after publishing {n} keys"
         async with admin(postgres) as conn:
             assert await conn.fetchval(f"SELECT count(*) FROM {fb.table}") == n + 1
+
+
+async def test_idle_members_hold_no_lock_an_operators_migration_waits_for(
+    postgres: PostgresServer,
+) -> None:
+    """Members connected and idle, publishing, and reading: ALTER, TRUNCATE and DROP on the
+    fan-out's table each finish within a lock timeout that must not fire."""
+    a, b, fa, fb = pair(postgres, "migrations")
+    async with a, b, fa, fb, admin(postgres) as conn:
+        await conn.execute("SET lock_timeout = '3s'")
+        # Idle: both members started, neither has published or read.
+        await conn.execute(f"ALTER TABLE {fa.table} ADD COLUMN note text")
+        await conn.execute(f"ALTER TABLE {fa.table} DROP COLUMN note")
+        wait = await parked(fa, a, "k")  # fa has read the key
+        await fb.advance_confirmed("k", 1)  # fb has published
+        async with asyncio.timeout(PATIENCE):
+            assert await wait == 1.0
+        await conn.execute(f"TRUNCATE {fa.table}")
+        locks = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s USING (pid) "
+            "WHERE s.application_name = ANY($1) AND l.relation = to_regclass($2)",
+            [WRITE_APPLICATION, LISTEN_APPLICATION, READ_APPLICATION],
+            fa.table,
+        )
+        assert locks == 0
+        await conn.execute(f"DROP TABLE {fa.table}")
+
+
+async def test_a_stopped_fanout_refuses_to_start_again(postgres: PostgresServer) -> None:
+    """A FastAPI app whose lifespan runs twice would otherwise get a member that never
+    connects and whose every wait times out."""
+    fanout = PostgresFanout(postgres.url, prefix=fresh("restart"))
+    await fanout.start()
+    await fanout.stop()
+    with pytest.raises(RuntimeError, match="stopped fan-out cannot be started again"):
+        await fanout.start()
+    never_started = PostgresFanout(postgres.url, prefix=fresh("restart"))
+    await never_started.stop()
+    with pytest.raises(RuntimeError, match="stopped fan-out cannot be started again"):
+        await never_started.start()
