@@ -6,9 +6,10 @@ Two uses:
   wheel build compiles the hot modules of ``purgatory_aio`` with mypyc and ships
   the extensions beside their sources. ``PURGATORY_AIO_BUILD`` chooses:
 
-  - ``auto`` (default): compiled when a C compiler and the Python headers are
-    present, otherwise pure Python with one line saying so;
-  - ``compiled``: compiled or a build error naming what is missing;
+  - ``auto`` (default): compiled when it can be; pure Python otherwise (no C
+    compiler or Python headers, a free-threaded interpreter, or any failure of the
+    compiled build), with one line saying why;
+  - ``compiled``: compiled or a build error naming what went wrong;
   - ``pure``: pure Python, nothing compiled (and no mypy in the build env).
 
   Editable installs are always pure: an edit must never be shadowed by a stale
