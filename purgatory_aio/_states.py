@@ -38,7 +38,6 @@ def describe(state: int) -> str:
     return "pending"
 
 
-
 def _gil_enabled() -> bool:
     """Whether this interpreter runs threads one at a time under the GIL.
 

@@ -1,7 +1,8 @@
 """Every public name has a docstring and an entry in the API reference (``docs/reference/``).
 
-A public module is one under ``purgatory_aio/`` with no path component starting with an
-underscore; its public names are its ``__all__``. The source is read statically (griffe,
+A public module is one of the library's ``purgatory_aio/`` or the report's
+``report/purgatory_report/`` (a distribution of its own) with no path component starting
+with an underscore; its public names are its ``__all__``. The source is read statically (griffe,
 as mkdocstrings reads it for the site), so this checks the same thing on the pure and the
 compiled build and needs none of the optional extras importable.
 """
@@ -20,27 +21,41 @@ REFERENCE = ROOT / "docs" / "reference"
 DIRECTIVE = re.compile(r"^:::\s*(?P<path>[\w.]+)\s*$", re.MULTILINE)
 
 
+#: Each documented package and the directory it lives in.
+PACKAGE_ROOTS = {"purgatory_aio": ROOT, "purgatory_report": ROOT / "report"}
+
+
 def _public_modules() -> list[str]:
     found = []
-    for path in sorted((ROOT / "purgatory_aio").rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        if not any(part.startswith("_") for part in parts):
-            found.append(".".join(parts))
+    for package, root in PACKAGE_ROOTS.items():
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            if not any(part.startswith("_") for part in parts):
+                found.append(".".join(parts))
     return found
 
 
 PUBLIC_MODULES = _public_modules()
-PACKAGE = griffe.load(
-    "purgatory_aio", search_paths=[ROOT], resolve_aliases=True, resolve_external=False
-)
+PACKAGES = {
+    package: griffe.load(
+        package,
+        search_paths=[root, ROOT],
+        resolve_aliases=True,
+        resolve_external=False,
+    )
+    for package, root in PACKAGE_ROOTS.items()
+}
 
 
 def _module(path: str) -> griffe.Module:
-    if path == "purgatory_aio":
-        return PACKAGE
-    found = PACKAGE[path.removeprefix("purgatory_aio.")]
+    package, _, rest = path.partition(".")
+    loaded = PACKAGES[package]
+    if not rest:
+        assert isinstance(loaded, griffe.Module)
+        return loaded
+    found = loaded[rest]
     assert isinstance(found, griffe.Module)
     return found
 
@@ -115,5 +130,5 @@ def test_every_exported_name_has_a_docstring(path: str) -> None:
 
 def test_every_reference_entry_names_something_that_exists() -> None:
     for entry in _documented_entries():
-        assert entry.split(".")[0] == "purgatory_aio", f"{entry}: not this project's"
+        assert entry.split(".")[0] in PACKAGE_ROOTS, f"{entry}: not this project's"
         assert entry in PUBLIC_MODULES, f"::: {entry} is not a public module"

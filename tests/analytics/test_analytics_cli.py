@@ -22,7 +22,7 @@ from purgatory_aio.eventlog import arrow_schema
 from purgatory_aio.events import COLUMNS, OperationEvent
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_FILE = ROOT / "purgatory_aio" / "analytics" / "cli.py"
+CLI_FILE = ROOT / "report" / "purgatory_report" / "cli.py"
 
 T0 = 1_700_000_100.0
 EVENT = OperationEvent("fetch", "FetchOp", 1, ["t-0"], T0, T0 + 0.5, T0 + 0.1, "completed", None)
