@@ -469,14 +469,20 @@ class Lifecycle:
                     stage = "on_expiration"
                     op.on_expiration()
             except BaseException as exc:
-                self.callback_failed(op, exc, stage)
-                self.settle(op, exc, True)
-                if isinstance(exc, FATAL):
-                    raise
+                self.callback_raised(op, exc, stage)
             else:
                 self.settle(op, result, False)
             return
         self._spawn(op, cls.offload_callbacks or self._offload)
+
+    def callback_raised(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
+        """A callback of ``op`` raised ``exc`` at ``stage``: log and count it, settle ``op``
+        with it, and raise it again if it must stop the program (KeyboardInterrupt,
+        SystemExit)."""
+        self.callback_failed(op, exc, stage)
+        self.settle(op, exc, True)
+        if isinstance(exc, FATAL):
+            raise exc
 
     def settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
         """Record the outcome, release awaiters, emit the event (once per operation)."""

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
 
-from ._errors import FATAL
 from ._logging import get_logger
 
 if TYPE_CHECKING:
@@ -213,10 +212,7 @@ async def run_callbacks(life: Lifecycle, op: DelayedOperation[Any], offload: boo
         life.callback_failed(op, exc, stage)  # the callback itself raised it
         life.settle(op, exc, True)
     except BaseException as exc:
-        life.callback_failed(op, exc, stage)
-        life.settle(op, exc, True)
-        if isinstance(exc, FATAL):
-            raise
+        life.callback_raised(op, exc, stage)
     else:
         life.settle(op, result, False)
 
