@@ -148,8 +148,12 @@ endef
 # runs the same code whichever implementation of the core is imported.
 test: docs test-all test-core-pure
 
+# The whole suite is spread over PYTEST_WORKERS processes (pytest-xdist, --dist loadgroup:
+# tests/conftest.py keeps each file's tests on one worker, and the Spark tests and the
+# fan-out's, whose servers start once per run, on one worker each).
+PYTEST_WORKERS ?= 2
 test-all: $(VENV)/.installed $(DIST)/pure/.built
-	$(call pytest_on,$(VENV),compiled,)
+	$(call pytest_on,$(VENV),compiled,-n $(PYTEST_WORKERS) --dist loadgroup)
 
 test-core-pure: $(VENV)/.installed
 	$(call pytest_on,$(VENV),pure,-m core)

@@ -125,6 +125,24 @@ def _is_core(item: pytest.Item) -> bool:
     return _in_core(Path(str(item.path)))
 
 
+#: Test directories whose session-scoped servers (a SparkSession and a Spark cluster; a
+#: Redis and a PostgreSQL server) are started once per run: each runs on one worker.
+_ONE_WORKER_DIRECTORIES = ("analytics", "fanout")
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """Where ``make test`` runs a test when it spreads the suite over the machine's cores
+    (pytest-xdist, ``--dist loadgroup``): a file's tests together, so its module fixtures
+    start once, and each directory of :data:`_ONE_WORKER_DIRECTORIES` whole."""
+    where = Path(str(item.path)).resolve()
+    if not where.is_relative_to(TESTS):
+        return where.as_posix()
+    relative = where.relative_to(TESTS)
+    if relative.parts[0] in _ONE_WORKER_DIRECTORIES:
+        return relative.parts[0]
+    return relative.as_posix()
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """With ``-m core`` alone (the passes on the pure source and the other Pythons), the
     other test modules are not even imported: their environments may lack the extras
@@ -147,9 +165,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Marks the core's tests ``core`` (see :data:`CORE_TESTS`). Tests marked ``proto``
     compile a C prototype under ``bench/proto/``: they run only when asked for (``-m
     proto``, as ``make bench-proto`` does), never in the default run."""
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if _is_core(item):
             item.add_marker(pytest.mark.core)
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     if "proto" in (config.getoption("-m") or ""):
         return
     deselected = [item for item in items if item.get_closest_marker("proto") is not None]

@@ -390,7 +390,10 @@ def test_an_empty_gzip_file_is_no_rows(spark: Any, tmp_path: Path) -> None:
 def test_a_file_gone_before_staging_leaves_the_json_to_spark(tmp_path: Path) -> None:
     staged = staging.stage_json([str(tmp_path / "gone.jsonl")], tmp_path, 1, REQUIRED)
     assert staged.parquet == []
-    assert "gone.jsonl" in staged.description
+    # The reason is cut to one short line, where a long temporary directory (a test
+    # worker's) may cut the file's name: the reason itself is there.
+    assert staged.description.startswith("parsed by Spark (Arrow's reader refused: ")
+    assert "No such file or directory" in staged.description
 
 
 def test_a_cancelled_staging_leaves_the_json_to_spark(tmp_path: Path) -> None:
