@@ -7,9 +7,11 @@ timer) and keeps every coroutine here, as ordinary Python. Two reasons, both mea
   with the three-argument ``throw(type, value, traceback)``, which CPython 3.12 and
   later deprecate: every cancelled reaper, wait or shutdown warned once (an exception
   under ``-W error``). An interpreted coroutine passes it on as the interpreter does.
-* None of these is on a hot path (a reaper's wake-up, a shutdown, an async callback,
-  a wait's one suspension), so compiling them bought nothing measurable, and a
-  compiled coroutine function can carry neither a docstring nor a signature.
+* None of these is on a hot path but a wait's one suspension, and that costs little:
+  a ``watch_and_wait`` awaited in a task of its own and completed by ``force_complete``
+  took 9.0 against 8.7 µs per operation on 3.11 and 8.2 against 8.0 µs on 3.13
+  (compiled core, best of five runs of 100,000, the two builds alternated). A compiled
+  coroutine function can carry neither a docstring nor a signature either.
 
 Each function here is the body of one coroutine method of :class:`Timer`,
 :class:`Lifecycle` or :class:`Purgatory`; the class keeps the method (a plain method
