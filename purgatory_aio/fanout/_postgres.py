@@ -52,7 +52,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, SupportsFloat
 from urllib.parse import parse_qsl, urlsplit
 
 try:
@@ -72,7 +72,10 @@ from ._base import (
     Fanout,
     FanoutBackend,
     FanoutUnavailable,
+    check_key,
     check_seconds,
+    check_value,
+    encode,
 )
 from ._urls import redacted
 
@@ -399,6 +402,19 @@ class PostgresBackend(FanoutBackend):
         await self._maybe_expire(conn)
         return [None] * len(rows)
 
+    async def store_and_publish_in(self, conn: Any, key: str, value: float, message: str) -> None:
+        """The advance's statement on the caller's own connection (see
+        :meth:`PostgresFanout.advance_in`)."""
+        try:
+            await conn.execute(
+                self._publish_sql, ADVANCE, key, value, message, timeout=self._command_timeout
+            )
+        except asyncpg.exceptions.UndefinedTableError:
+            raise FanoutUnavailable(
+                f"the table {self.table} does not exist at {self.address}: start a fan-out "
+                "with this prefix once (it creates the table) before advancing in a transaction"
+            ) from None
+
     async def _one_by_one(
         self, conn: Any, rows: list[tuple[str, str, float, str]]
     ) -> list[BaseException | None]:
@@ -565,3 +581,32 @@ class PostgresFanout(Fanout):
         self.url = backend.url
         self.table = backend.table
         self.channel = backend.channel
+        self._postgres = backend
+
+    async def advance_in(self, conn: Any, key: str, value: SupportsFloat) -> None:
+        """Advance ``key`` to ``value`` as part of the caller's own transaction on ``conn``.
+
+        ``conn`` is an asyncpg connection (or a pool's) of the caller's, usually inside
+        ``async with conn.transaction():`` beside the write the value stands for (``UPDATE
+        orders SET version = ...``). The stored value and the notification commit with
+        that write, or roll back with it: no waiter hears of a change that did not happen,
+        and none misses one that did. Nothing applies here at the call: every member of the
+        fan-out, this one included, applies the advance when its notification arrives,
+        that is once the transaction commits (outside a transaction, at once). The value
+        merges by max as :meth:`advance`'s does.
+
+        Raises:
+            TypeError, ValueError: bad ``conn``, ``key`` or ``value``, before anything is
+                sent (the caller's transaction is left as it was).
+            FanoutUnavailable: the fan-out's table does not exist in that database.
+        """
+        if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+            raise TypeError(
+                f"conn must be an asyncpg connection (or a pool's), got {type(conn).__name__}"
+            )
+        key = check_key(key, self._postgres.max_key_bytes)
+        number = check_value(value)
+        # No origin: the message is not one this member published and applied already, so
+        # every member applies it, this one too.
+        message = encode(ADVANCE, key, number)
+        await self._postgres.store_and_publish_in(conn, key, number, message)

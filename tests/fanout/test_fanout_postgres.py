@@ -507,3 +507,107 @@ async def test_a_stopped_fanout_refuses_to_start_again(postgres: PostgresServer)
     await never_started.stop()
     with pytest.raises(RuntimeError, match="stopped fan-out cannot be started again"):
         await never_started.start()
+
+
+async def _orders(conn: Any, table: str) -> None:
+    await conn.execute(f"CREATE TABLE {table} (id text PRIMARY KEY, version bigint NOT NULL)")
+    await conn.execute(f"INSERT INTO {table} VALUES ('o1', 0)")
+
+
+async def test_an_advance_in_the_callers_transaction_is_heard_once_it_commits(
+    postgres: PostgresServer,
+) -> None:
+    a, b, fa, fb = pair(postgres, "tx_commit")
+    orders = fresh("orders")
+    async with a, b, fa, fb, admin(postgres) as conn:
+        await _orders(conn, orders)
+        here, there = await parked(fa, a, "o1"), await parked(fb, b, "o1")
+        async with conn.transaction():
+            await conn.execute(f"UPDATE {orders} SET version = 1 WHERE id = 'o1'")
+            await fa.advance_in(conn, "o1", 1)
+            await asyncio.sleep(0.2)  # uncommitted: nobody hears of it, not even this member
+            assert not here.done() and not there.done()
+            async with admin(postgres) as other:
+                assert await other.fetchval(f"SELECT count(*) FROM {fa.table}") == 0
+        async with asyncio.timeout(PATIENCE):
+            assert await here == 1.0 and await there == 1.0
+        assert await conn.fetchval(f"SELECT value FROM {fa.table} WHERE key = 'o1'") == 1.0
+
+
+async def test_an_advance_rolled_back_with_the_callers_write_is_never_heard(
+    postgres: PostgresServer,
+) -> None:
+    a, b, fa, fb = pair(postgres, "tx_rollback")
+    orders = fresh("orders")
+    async with a, b, fa, fb, admin(postgres) as conn:
+        await _orders(conn, orders)
+        wait = await parked(fb, b, "o1")
+        with pytest.raises(RuntimeError, match="the handler failed"):
+            async with conn.transaction():
+                await conn.execute(f"UPDATE {orders} SET version = 1 WHERE id = 'o1'")
+                await fa.advance_in(conn, "o1", 1)
+                raise RuntimeError("the handler failed after the advance")
+        # A statement of the caller's failing after the advance rolls it back too.
+        with pytest.raises(asyncpg.UniqueViolationError):
+            async with conn.transaction():
+                await fa.advance_in(conn, "o1", 2)
+                await conn.execute(f"INSERT INTO {orders} VALUES ('o1', 5)")
+        await asyncio.sleep(0.3)
+        assert not wait.done()
+        assert await conn.fetchval(f"SELECT count(*) FROM {fa.table}") == 0
+        assert await conn.fetchval(f"SELECT version FROM {orders}") == 0
+        # The member is unharmed: the next advance is heard.
+        await fa.advance_confirmed("o1", 3)
+        async with asyncio.timeout(PATIENCE):
+            assert await wait == 3.0
+
+
+async def test_a_process_that_dies_mid_transaction_leaves_nothing_to_hear(
+    postgres: PostgresServer,
+) -> None:
+    a, b, fa, fb = pair(postgres, "tx_crash")
+    async with a, b, fa, fb:
+        wait = await parked(fb, b, "o1")
+        victim = await asyncpg.connect(postgres.url, timeout=10)
+        transaction = victim.transaction()
+        await transaction.start()
+        await fa.advance_in(victim, "o1", 1)
+        pid = victim.get_server_pid()
+        async with admin(postgres) as conn:  # the server loses the client before COMMIT
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+            await asyncio.sleep(0.3)
+            assert await conn.fetchval(f"SELECT count(*) FROM {fa.table}") == 0
+        victim.terminate()
+        assert not wait.done()
+        wait.cancel()
+        assert fb.stats().connected and fa.stats().connected
+
+
+async def test_a_bad_advance_in_a_transaction_is_refused_before_anything_is_sent(
+    postgres: PostgresServer,
+) -> None:
+    a, fa = Purgatory("a"), PostgresFanout(postgres.url, prefix=fresh("tx_bad"))
+    fa.attach(a)
+    async with a, fa, admin(postgres) as conn, conn.transaction():
+        for key, value, error in [
+            ("", 1, TypeError),
+            ("k\x00", 1, ValueError),
+            ("k" * (MAX_KEY_BYTES + 1), 1, ValueError),
+            ("k", float("nan"), ValueError),
+            ("k", "1", TypeError),
+        ]:
+            with pytest.raises(error):
+                await fa.advance_in(conn, key, value)
+        # The caller's transaction is still usable: nothing was sent.
+        assert await conn.fetchval("SELECT 1") == 1
+    with pytest.raises(TypeError, match="asyncpg connection"):
+        await fa.advance_in(object(), "k", 1)
+
+
+async def test_advancing_in_a_database_without_the_table_says_what_to_do(
+    postgres: PostgresServer,
+) -> None:
+    fanout = PostgresFanout(postgres.url, prefix=fresh("tx_no_table"))  # never started
+    async with admin(postgres) as conn:
+        with pytest.raises(FanoutUnavailable, match="start a fan-out with this prefix once"):
+            await fanout.advance_in(conn, "k", 1)
