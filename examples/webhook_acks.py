@@ -34,6 +34,8 @@ advances are merged by max, so duplicated or reordered ones are harmless.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -68,10 +70,31 @@ def make_fanout(url: str | None = None) -> Fanout:
     return fanout_from_url("memory://" if chosen == "memory" else chosen)
 
 
+def cannot_start(reason: str) -> FastAPI:
+    """An app whose start-up fails with ``reason`` in one line, as an unreachable engine's.
+
+    A malformed URL raised at import would end each uvicorn worker before it started,
+    and uvicorn would start it again, and again: reported at start-up instead, each
+    worker says so in one line and the server exits.
+    """
+
+    @asynccontextmanager
+    async def refuse(_app: FastAPI) -> AsyncIterator[None]:
+        raise FanoutUnavailable(reason)
+        yield  # never reached: it makes this a generator
+
+    app = FastAPI(title="webhook acknowledgements", lifespan=refuse)
+    app.add_middleware(OneLineStartupErrors)
+    return app
+
+
 def make_app(fanout: Fanout | None = None) -> FastAPI:
     """The service; every worker process builds its own purgatory and fan-out."""
     purgatory = Purgatory("webhook-acks")
-    fan = make_fanout() if fanout is None else fanout
+    try:
+        fan = make_fanout() if fanout is None else fanout
+    except (TypeError, ValueError) as exc:
+        return cannot_start(f"the fan-out's URL is not usable: {exc}")
     app = FastAPI(
         title="webhook acknowledgements",
         lifespan=PurgatoryLifespan(purgatory, fanout=fan),

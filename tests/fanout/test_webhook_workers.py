@@ -305,3 +305,32 @@ def test_a_worker_started_against_another_service_says_so_in_one_line(workers: i
         assert f"127.0.0.1:{port}" in line and "another service" in line
     assert "hunter2" not in output
     assert "Traceback" not in output and "InvalidResponse" not in output, output
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql:/user:hunter2@127.0.0.1:5432/app",  # one slash
+        "redis:/127.0.0.1:6379",
+        "postgresql://user:hunter2@127.0.0.1:notaport/app",
+        "mysql://user:hunter2@127.0.0.1/app",
+    ],
+)
+def test_a_malformed_url_ends_each_worker_in_one_line_not_a_restart_loop(url: str) -> None:
+    """Raised at import, the URL's error made uvicorn start each worker again and again;
+    now each of the two workers says so in one line at start-up and the server exits."""
+    args = [
+        sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
+        "--port", str(free_port()), "--host", "127.0.0.1", "--workers", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": url}
+    result = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD * 2
+    )
+    output = result.stdout + result.stderr
+    assert "failed to start, stopping the parent process" in output, output
+    lines = [line for line in output.splitlines() if "FanoutUnavailable: " in line]
+    assert len(lines) == 2, output
+    assert all("the fan-out's URL is not usable" in line for line in lines), output
+    assert "hunter2" not in output
+    assert "Traceback" not in output, output
