@@ -907,3 +907,53 @@ def test_absurd_instance_ids_are_invalid_requests_and_the_broker_goes_on(
     refused = raw().join("odd", version=5, instance=instance)
     assert refused.error_code is E.invalid_request
     assert raw().join_new("odd", version=5).error_code is E.none
+
+
+def _stable_pair(
+    raw: Callable[[], Raw], group: str, protocols: tuple[tuple[str, bytes], ...]
+) -> tuple[Raw, Raw, str, str, int]:
+    """A static member (box-1) and a dynamic one, synced in a stable generation."""
+    first, other = raw(), raw()
+    a = first.join(group, version=5, instance="box-1", protocols=protocols).member_id
+    assert first.sync(group, a, 1, {a: b"all"}, instance="box-1").assignment == b"all"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(other.join_new, group, version=5, protocols=protocols)
+        await_rebalance(first, group, a, 1)
+        a_join = first.join(group, a, version=5, instance="box-1", protocols=protocols)
+        b = waiting.result(10).member_id
+    generation = a_join.generation_id
+    first.sync(group, a, generation, {a: b"p0", b: b"p1"}, instance="box-1")
+    assert other.sync(group, b, generation).assignment == b"p1"
+    return first, other, a, b, generation
+
+
+def test_a_cooperative_sticky_static_member_restarting_rebalances_nobody(
+    raw: Callable[[], Raw],
+) -> None:
+    """Its subscription's metadata lists the partitions it owned (none after a restart):
+    new metadata under the same chosen protocol keeps the group stable, as in Kafka."""
+    owned = (("cooperative-sticky", b"owned: p0"),)
+    _, other, _, b, generation = _stable_pair(raw, "coop", owned)
+    restarted = raw()
+    again = restarted.join("coop", version=5, instance="box-1", protocols=(
+        ("cooperative-sticky", b"owned: none"),
+    ))  # fmt: skip
+    assert (again.error_code, again.generation_id) == (E.none, generation)
+    synced = restarted.sync("coop", again.member_id, generation, instance="box-1")
+    assert (synced.error_code, synced.assignment) == (E.none, b"p0")
+    assert other.heartbeat("coop", b, generation) is E.none  # nobody else rebalances
+
+
+def test_a_static_member_back_with_another_chosen_protocol_rebalances_the_group(
+    raw: Callable[[], Raw],
+) -> None:
+    both = (("cooperative-sticky", b"m"), ("range", b"m"))
+    _, other, _, b, generation = _stable_pair(raw, "switch", both)
+    restarted = raw()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        rejoining = pool.submit(
+            restarted.join, "switch", version=5, instance="box-1", protocols=(("range", b"m"),)
+        )
+        await_rebalance(other, "switch", b, generation)
+        other.join("switch", b, version=5, protocols=both)
+        assert rejoining.result(10).generation_id == generation + 1

@@ -657,7 +657,11 @@ class WireGroupCoordinator:
         if group.state is GroupState.COMPLETING_REBALANCE:
             # The leader may already be assigning to the old member ID: start over.
             return await self._wait_join(group, member, f"{instance_id} rejoined while syncing")
-        if old.protocols != protocols:
+        # As Kafka's coordinator does: the returning member's new subscription is kept, and
+        # the group rebalances only if the protocol chosen for it would change. Comparing
+        # the metadata instead made every cooperative-sticky restart rebalance the others:
+        # that member's metadata lists the partitions it owns, none after a restart.
+        if group.select_protocol() != group.protocol_name:
             return await self._wait_join(group, member, f"{instance_id} changed its protocols")
         await self._schedule_session(group, member)
         # The old leader ID is answered, so that a returning leader does not compute an
