@@ -257,23 +257,27 @@ def collect_docs(root: Path) -> dict[str, Any]:
     return {"c": c_docs, "runtime": runtime}
 
 
-def _definitions(body: list[ast.stmt]) -> list[ast.stmt]:
+#: A statement that defines a name: what the docstrings are read from.
+_Definition = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _definitions(body: list[ast.stmt]) -> list[_Definition]:
     """The statements of ``body`` that define a name there, the branches of an ``if``
     or ``try`` included (a later definition of a name replaces an earlier one, as at run
     time; dict order keeps the first position, as a namespace does)."""
-    found: dict[str, ast.stmt] = {}
+    found: dict[str, _Definition] = {}
     for node in body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            if _is_accessor(node):
-                continue  # ``@x.setter``: the property keeps its getter's docstring
-            found[node.name] = node
-        elif isinstance(node, ast.If):
-            for inner in _definitions(node.body) + _definitions(node.orelse):
-                found[inner.name] = inner  # type: ignore[attr-defined]
+        if isinstance(node, _Definition):
+            if not _is_accessor(node):  # ``@x.setter``: the property keeps its getter's doc
+                found[node.name] = node
+            continue
+        blocks: list[list[ast.stmt]] = []
+        if isinstance(node, ast.If):
+            blocks = [node.body, node.orelse]
         elif isinstance(node, ast.Try):
-            for block in (node.body, *(h.body for h in node.handlers), node.orelse):
-                for inner in _definitions(block):
-                    found[inner.name] = inner  # type: ignore[attr-defined]
+            blocks = [node.body, *(h.body for h in node.handlers), node.orelse]
+        for block in blocks:
+            found.update((inner.name, inner) for inner in _definitions(block))
     return list(found.values())
 
 

@@ -119,7 +119,6 @@ class Lifecycle:
         self._joiners: set[asyncio.Task[Any]] = set()
         self._joined: asyncio.Future[None] | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
-        self._found_at_shutdown = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_running: Callable[[], bool] = _not_started
         self._thread_id = -1
@@ -415,12 +414,12 @@ class Lifecycle:
     def unwatch_joins(self) -> None:
         self._joined = None
 
-    def settle_pending(self, expire_pending: bool) -> list[DelayedOperation[Any]]:
-        """Settle every pending operation (expired or cancelled); return those still
-        settling (in a callback task or a hand-over from another thread)."""
+    def settle_pending(self, expire_pending: bool) -> tuple[int, list[DelayedOperation[Any]]]:
+        """Settle every pending operation (expired or cancelled); return how many there
+        were, and those still settling (in a callback task or a hand-over from another
+        thread)."""
         self.closed = True
         pending: list[DelayedOperation[Any]] = self._timer._drain()  # type: ignore[assignment]
-        self._found_at_shutdown = len(pending)
         fatal: BaseException | None = None
         for op in pending:
             try:
@@ -434,14 +433,12 @@ class Lifecycle:
                 fatal = fatal or exc
         if fatal is not None:
             raise fatal
-        return [op for op in pending if not op._state & SETTLED]
+        return len(pending), [op for op in pending if not op._state & SETTLED]
 
-    def finish_shutdown(self) -> int:
-        """Close the timer and the watch store; how many operations the shutdown found
-        pending."""
+    def finish_shutdown(self) -> None:
+        """Close the timer and the watch store, once every operation has settled."""
         self._timer.close()
         self._store.clear()
-        return self._found_at_shutdown
 
     def _loop_closed(self) -> bool:
         loop = self._loop

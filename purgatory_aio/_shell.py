@@ -153,7 +153,7 @@ async def join_shutdown(life: Lifecycle, shutdown: asyncio.Task[None]) -> None:
 async def settle_all(life: Lifecycle, expire_pending: bool) -> None:
     """The shutdown task: settle every pending operation, then wait for those still
     settling."""
-    settling = life.settle_pending(expire_pending)
+    found, settling = life.settle_pending(expire_pending)
     # Every operation completed before or during shutdown is settling: in a callback
     # task, or (if another thread completed or cancelled it) in a hand-over to this
     # loop. Wait until each has settled.
@@ -164,11 +164,9 @@ async def settle_all(life: Lifecycle, expire_pending: bool) -> None:
         if not settling:
             break
         await asyncio.sleep(0.001)  # a thread's hand-over is on its way
+    life.finish_shutdown()
     _log.info(
-        "purgatory_shutdown",
-        purgatory=life.name,
-        settled=life.finish_shutdown(),
-        expired_pending=expire_pending,
+        "purgatory_shutdown", purgatory=life.name, settled=found, expired_pending=expire_pending
     )
 
 

@@ -23,13 +23,25 @@ import hatch_build
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-def _wheel(variable: str) -> zipfile.ZipFile:
+def _wheel(variable: str, sibling: str | None = None) -> zipfile.ZipFile:
+    """The one wheel in ``variable``'s directory (or in the ``sibling`` directory beside it)."""
     directory = os.environ.get(variable)
     if not directory:
         pytest.skip(f"{variable} is unset: the wheel checks run under `make test`")
+    if sibling is not None:
+        directory = str(Path(directory).parent / sibling)
     wheels = sorted(Path(directory).glob("*.whl"))
     assert len(wheels) == 1, f"expected one wheel in {directory}, found {wheels}"
     return zipfile.ZipFile(wheels[0])
+
+
+def _contents(variable: str) -> tuple[list[str], str, str]:
+    """The names in the wheel of ``variable``'s directory, its entry points and its
+    METADATA."""
+    with _wheel(variable) as wheel:
+        names = wheel.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        return names, _entry_points(wheel), wheel.read(metadata).decode()
 
 
 def _entry_points(wheel: zipfile.ZipFile) -> str:
@@ -42,14 +54,11 @@ def _entry_points(wheel: zipfile.ZipFile) -> str:
 def test_the_library_wheel_holds_purgatory_aio_only(build: str) -> None:
     """Both wheels `make test` built (PURGATORY_AIO_WHEEL_DIR names the compiled one's
     directory; the pure one's sits beside it)."""
-    directory = os.environ.get("PURGATORY_AIO_WHEEL_DIR")
-    if not directory:
-        pytest.skip("PURGATORY_AIO_WHEEL_DIR is unset: the wheel checks run under `make test`")
-    wheels = sorted((Path(directory).parent / build).glob("*.whl"))
-    assert len(wheels) == 1, f"expected one {build} wheel, found {wheels}"
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    with _wheel("PURGATORY_AIO_WHEEL_DIR", build) as wheel:
+        wheel_name = Path(wheel.filename or "").name
         names = wheel.namelist()
         scripts = _entry_points(wheel)
+        sources_text = b"".join(wheel.read(n) for n in names if n.endswith(".py"))
     compiled = build == "compiled"
     stray = [
         n
@@ -64,27 +73,21 @@ def test_the_library_wheel_holds_purgatory_aio_only(build: str) -> None:
     assert not [n for n in names if "analytics" in n or "purgatory_report" in n]
     assert "purgatory-sim" not in scripts
     assert "purgatory-report" not in scripts
-    assert b"pyspark" not in b"".join(
-        zipfile.ZipFile(wheels[0]).read(n) for n in names if n.endswith(".py")
-    )
+    assert b"pyspark" not in sources_text
     extensions = {n.split("/")[-1].split(".")[0] for n in names if n.endswith(".so")}
     sources = {n.split("/")[-1][:-3] for n in names if n.endswith(".py")}
     # Both implementations in the compiled wheel: every extension has its source beside.
     assert set(hatch_build.COMPILED_MODULES) <= sources
     if compiled:
         assert {*hatch_build.COMPILED_MODULES, *hatch_build.NATIVE_MODULES} <= extensions
-        assert "-cp3" in wheels[0].name
+        assert "-cp3" in wheel_name
     else:
         assert extensions == set()
-        assert wheels[0].name.endswith("-py3-none-any.whl")
+        assert wheel_name.endswith("-py3-none-any.whl")
 
 
 def test_the_examples_wheel_holds_minikafka_and_its_script() -> None:
-    with _wheel("PURGATORY_AIO_EXAMPLES_WHEEL_DIR") as wheel:
-        names = wheel.namelist()
-        scripts = _entry_points(wheel)
-        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
-        requires = wheel.read(metadata).decode()
+    names, scripts, requires = _contents("PURGATORY_AIO_EXAMPLES_WHEEL_DIR")
     assert [n for n in names if not n.startswith(("minikafka/", "purgatory_aio_examples-"))] == []
     assert "purgatory-sim = minikafka.cli:main" in scripts
     assert "Requires-Dist: purgatory-aio\n" in requires
@@ -94,11 +97,7 @@ LICENSE_TEXT = (CHECKOUT / "LICENSE").read_text()
 
 
 def test_the_report_wheel_holds_the_report_and_its_script() -> None:
-    with _wheel("PURGATORY_AIO_REPORT_WHEEL_DIR") as wheel:
-        names = wheel.namelist()
-        scripts = _entry_points(wheel)
-        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
-        requires = wheel.read(metadata).decode()
+    names, scripts, requires = _contents("PURGATORY_AIO_REPORT_WHEEL_DIR")
     assert [
         n for n in names if not n.startswith(("purgatory_report/", "purgatory_aio_report-"))
     ] == []

@@ -52,7 +52,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final, SupportsFloat
+from typing import Any, Final, SupportsFloat, cast
 from urllib.parse import parse_qsl, urlsplit
 
 try:
@@ -581,7 +581,6 @@ class PostgresFanout(Fanout):
         self.url = backend.url
         self.table = backend.table
         self.channel = backend.channel
-        self._postgres = backend
 
     async def advance_in(self, conn: Any, key: str, value: SupportsFloat) -> None:
         """Advance ``key`` to ``value`` as part of the caller's own transaction on ``conn``.
@@ -604,9 +603,10 @@ class PostgresFanout(Fanout):
             raise TypeError(
                 f"conn must be an asyncpg connection (or a pool's), got {type(conn).__name__}"
             )
-        key = check_key(key, self._postgres.max_key_bytes)
+        key = check_key(key, self._max_key)
         number = check_value(value)
         # No origin: the message is not one this member published and applied already, so
         # every member applies it, this one too.
         message = encode(ADVANCE, key, number)
-        await self._postgres.store_and_publish_in(conn, key, number, message)
+        backend = cast(PostgresBackend, self.backend)  # the one this class was built with
+        await backend.store_and_publish_in(conn, key, number, message)
