@@ -50,7 +50,7 @@ PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
 python_for = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1)))),$(shell command -v python$(1) 2>/dev/null))
 
 .PHONY: install wheel test test-all test-core-pure test-versions test-one-version lint docs bench bench-quick bench-versions \
-	bench-http bench-proto demo sim clean
+	bench-http demo sim clean
 
 # --- wheels ------------------------------------------------------------------------
 # Built in an isolated build env (as `pip install .` does), by the build hook in
@@ -211,13 +211,6 @@ bench-versions: $(VENV)/.installed $(foreach version,$(MATRIX_VERSIONS),.venv-$(
 
 bench-http: $(RUN_VENV)/.installed
 	$(RUN)/python -m bench http
-
-# The C prototype of the timer core (bench/proto/cwheel.c, not part of the library):
-# compiled here only, never by `make test`. Its tests check it does a timer's work
-# (the `proto` marker, left out of the default run), then W3 measures it.
-bench-proto: $(RUN_VENV)/.installed
-	$(call pytest_on,$(RUN_VENV),$(BUILD),-m proto tests/test_proto_timer.py)
-	$(RUN)/python -m bench proto-timer
 
 sim: $(RUN_VENV)/.installed
 	$(RUN)/purgatory-sim --virtual-time --duration 120 --faults all

@@ -11,8 +11,8 @@ so none fires), then measure, keeping exactly ``N`` pending throughout:
 * **churn** (harsher, reported beside it): ``pairs`` times cancel a *random
   other* pending handle and add a new one in its place. Reaching one of a million
   handles at random is a cache miss into memory for any timer (and the harness's
-  handles are one shared object, so the miss is charged to the contender): the C
-  prototype (``python -m bench proto-timer``) pays it too, so this figure grows
+  handles are one shared object, so the miss is charged to the contender): a C
+  prototype of the wheel measured once paid it too, so this figure grows
   with ``N`` in any implementation and measures the memory as much as the code.
 * **add+cancel at once**: as the first, with a 0.2 s timer, so the short timer's
   slot is the earliest one pending.

@@ -162,21 +162,13 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks the core's tests ``core`` (see :data:`CORE_TESTS`). Tests marked ``proto``
-    compile a C prototype under ``bench/proto/``: they run only when asked for (``-m
-    proto``, as ``make bench-proto`` does), never in the default run."""
+    """Marks the core's tests ``core`` (see :data:`CORE_TESTS`)."""
     grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if _is_core(item):
             item.add_marker(pytest.mark.core)
         if grouped:
             item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
-    if "proto" in (config.getoption("-m") or ""):
-        return
-    deselected = [item for item in items if item.get_closest_marker("proto") is not None]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item.get_closest_marker("proto") is None]
 
 
 def pytest_asyncio_loop_factories(
