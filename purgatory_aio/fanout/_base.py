@@ -48,7 +48,7 @@ from .._relay import MalformedMessage as MalformedMessage
 from .._relay import Receiver
 from .._relay import decode as decode
 from .._relay import encode as encode
-from .._validation import check_finite
+from .._validation import check_finite, check_positive_int, check_positive_seconds, check_seconds
 
 _log = get_logger("purgatory_aio.fanout")
 
@@ -134,12 +134,6 @@ def check_keys(keys: object, max_bytes: int | None = None) -> tuple[str, ...]:
 def check_value(value: object, what: str = "value") -> float:
     """A finite number, as the purgatory's ``advance_key`` takes it (same errors)."""
     return check_finite(value, what)
-
-
-def check_seconds(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 class Event:
@@ -306,15 +300,14 @@ class Fanout(BackendHost):
     ) -> None:
         if not isinstance(backend, FanoutBackend):
             raise TypeError(f"backend must be a FanoutBackend, got {backend!r}")
-        for name, number in (("queue_size", queue_size), ("batch", batch)):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"{name} must be a positive int, got {number!r}")
+        # The core's rules for counts and seconds (TypeError for a str or bool, ValueError
+        # for a number out of range, inf included), checked before anything is set.
+        self._queue_size = check_positive_int(queue_size, "queue_size")
+        self._batch = check_positive_int(batch, "batch")
+        self._resync_interval = check_positive_seconds(resync_interval, "resync_interval")
+        self._timeout = check_positive_seconds(connect_timeout, "connect_timeout")
         self.backend = backend
         self.origin = uuid.uuid4().hex[:12]
-        self._resync_interval = check_seconds(resync_interval, "resync_interval")
-        self._timeout = check_seconds(connect_timeout, "connect_timeout")
-        self._queue_size = queue_size
-        self._batch = batch
         self._subscribe = bool(subscribe)
         self._max_key = backend.max_key_bytes
         self._purgatories: list[Purgatory] = []
@@ -403,7 +396,7 @@ class Fanout(BackendHost):
         """
         key = check_key(key, self._max_key)
         number = check_value(value)
-        bound = check_seconds(timeout, "timeout")
+        bound = check_positive_seconds(timeout, "timeout")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         completed = self._receiver.apply_advance(key, number)
         self._send(ADVANCE, key, number, waiter)
@@ -576,7 +569,7 @@ class Fanout(BackendHost):
         """
         if self._stopped:
             return
-        bound = check_seconds(flush_timeout, "flush_timeout") if flush_timeout != 0 else 0.0
+        bound = check_seconds(flush_timeout, "flush_timeout")
         self._stopped = True
         if not self._started:
             self._fail_undelivered()

@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .._logging import get_logger
 from .._purgatory import Purgatory
+from .._validation import check_positive_seconds
 from ._base import (
     ADVANCE,
     BackendHost,
@@ -73,7 +74,6 @@ from ._base import (
     FanoutBackend,
     FanoutUnavailable,
     check_key,
-    check_seconds,
     check_value,
     encode,
 )
@@ -564,10 +564,10 @@ class PostgresFanout(Fanout):
         backend = PostgresBackend(
             resolve_url(url),
             prefix=prefix,
-            value_ttl=check_seconds(value_ttl, "value_ttl"),
-            connect_timeout=check_seconds(connect_timeout, "connect_timeout"),
-            command_timeout=check_seconds(command_timeout, "command_timeout"),
-            health_interval=check_seconds(health_interval, "health_interval"),
+            value_ttl=check_positive_seconds(value_ttl, "value_ttl"),
+            connect_timeout=check_positive_seconds(connect_timeout, "connect_timeout"),
+            command_timeout=check_positive_seconds(command_timeout, "command_timeout"),
+            health_interval=check_positive_seconds(health_interval, "health_interval"),
         )
         super().__init__(
             backend,

@@ -43,6 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .._logging import get_logger
 from .._purgatory import Purgatory
+from .._validation import check_positive_seconds
 from ._base import (
     ADVANCE,
     BackendHost,
@@ -50,7 +51,6 @@ from ._base import (
     Fanout,
     FanoutBackend,
     FanoutUnavailable,
-    check_seconds,
 )
 from ._urls import redacted
 
@@ -349,14 +349,12 @@ class RedisFanout(Fanout):
         resolved = resolve_url(url)
         if not isinstance(prefix, str) or not prefix:
             raise TypeError(f"prefix must be a non-empty str, got {prefix!r}")
-        if isinstance(value_ttl, bool) or not isinstance(value_ttl, int | float) or value_ttl <= 0:
-            raise ValueError(f"value_ttl must be a positive number of seconds, got {value_ttl!r}")
         backend = RedisBackend(
             resolved,
             prefix=prefix,
-            value_ttl=value_ttl,
-            timeout=check_seconds(connect_timeout, "connect_timeout"),
-            resync_interval=check_seconds(resync_interval, "resync_interval"),
+            value_ttl=check_positive_seconds(value_ttl, "value_ttl"),
+            timeout=check_positive_seconds(connect_timeout, "connect_timeout"),
+            resync_interval=check_positive_seconds(resync_interval, "resync_interval"),
         )
         super().__init__(
             backend,
