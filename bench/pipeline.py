@@ -363,7 +363,8 @@ def duckdb_figures(log_dir: Path, fmt: str) -> tuple[float, dict[str, Any]]:
                 "count": n,
                 "completed": c,
                 "expired": x,
-                "expiry_ratio": x / n,
+                # The report's one denominator: completed and expired operations.
+                "expiry_ratio": x / (c + x) if c + x else None,
                 "latency_p50": q[0],
                 "latency_p99": q[1],
             }
@@ -395,7 +396,10 @@ def disagreements(report_dir: Path, duck: dict[str, Any]) -> list[str]:
         for key in ("count", "completed", "expired"):
             if mine[key] != theirs[key]:
                 found.append(f"{group} {key}: report {mine[key]}, duckdb {theirs[key]}")
-        if not math.isclose(mine["expiry_ratio"], theirs["expiry_ratio"], rel_tol=1e-12):
+        if (mine["expiry_ratio"] is None) != (theirs["expiry_ratio"] is None) or (
+            theirs["expiry_ratio"] is not None
+            and not math.isclose(mine["expiry_ratio"], theirs["expiry_ratio"], rel_tol=1e-12)
+        ):
             found.append(f"{group} expiry_ratio differs")
         if mine["peak_per_s"] != duck["peaks"][group]:
             found.append(

@@ -36,6 +36,11 @@ def _fmt_seconds(value: Any) -> str:
     return f"{float(value) * 1000:.1f} ms"
 
 
+def _fmt_ratio(value: Any) -> str:
+    # Null where no operation of the group completed or expired.
+    return "-" if value is None else f"{float(value) * 100:.1f}%"
+
+
 def _headlines(report_dir: Path) -> None:
     summary = json.loads((report_dir / "summary.json").read_text())
     print("\n== Headline figures (from the Spark report)")
@@ -46,7 +51,7 @@ def _headlines(report_dir: Path) -> None:
     for row in summary:
         print(
             f"{row['purgatory']:<16}{row['op_type']:<22}{row['count']:>9,}{row['expired']:>9,}"
-            f"{row['expiry_ratio'] * 100:>7.1f}%{_fmt_seconds(row['latency_p50']):>11}"
+            f"{_fmt_ratio(row['expiry_ratio']):>8}{_fmt_seconds(row['latency_p50']):>11}"
             f"{_fmt_seconds(row['latency_p99']):>11}{_fmt_seconds(row['lateness_p99']):>11}"
         )
     print(

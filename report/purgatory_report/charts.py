@@ -210,16 +210,16 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
 
 
-def whatif_series(curves: Curves, timeouts: Mapping[str, float]) -> list[Series]:
+def whatif_series(curves: Curves, bases: Mapping[str, str]) -> list[Series]:
     """What :func:`whatif_chart` draws: x in % of the timeout, y the share in %."""
     drawn = []
     for index, (label, points) in enumerate(curves.items()):
         if not points:
             continue
-        timeout = timeouts.get(label)
+        basis = bases.get(label)
         drawn.append(
             Series(
-                label if timeout is None else f"{label} (timeout {_ms(timeout)})",
+                label if basis is None else f"{label}: {basis}",
                 [fraction * 100.0 for fraction, _ in points],
                 [share * 100.0 for _, share in points],
                 marker=_MARKERS[index % len(_MARKERS)],
@@ -229,7 +229,7 @@ def whatif_series(curves: Curves, timeouts: Mapping[str, float]) -> list[Series]
     return drawn
 
 
-def whatif_chart(path: Path, curves: Curves, timeouts: Mapping[str, float]) -> Figure:
+def whatif_chart(path: Path, curves: Curves, bases: Mapping[str, str]) -> Figure:
     """Share of operations that would have expired against a shorter timeout.
 
     Each series is drawn against its own timeout (x: fraction of it), so a
@@ -241,13 +241,14 @@ def whatif_chart(path: Path, curves: Curves, timeouts: Mapping[str, float]) -> F
         path: Where the PNG goes.
         curves: Per series, ``(fraction of the timeout used, share 0..1)``
             points; the last point (fraction 1) is the timeout actually used.
-        timeouts: Per series, its mean timeout in seconds, for the legend.
+        bases: Per series, what its fractions are fractions of, for the legend
+            (:func:`purgatory_report.model.timeout_basis`).
 
     Returns:
         The drawn figure (for checking where the lines landed).
     """
     figure, axes = _figure()
-    series = whatif_series(curves, timeouts)
+    series = whatif_series(curves, bases)
     for line in series:
         (drawn,) = axes.plot(
             line.xs,
@@ -263,14 +264,9 @@ def whatif_chart(path: Path, curves: Curves, timeouts: Mapping[str, float]) -> F
     ticks = [0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
     axes.set_yticks(ticks)
     axes.set_yticklabels([f"{tick:g}" for tick in ticks])
-    axes.set_xlabel("candidate timeout (% of the timeout each operation type used)")
+    axes.set_xlabel("candidate timeout (% of the timeout each operation had)")
     axes.set_ylabel("operations that would expire (%)")
     axes.set_title("Timeout what-if (shorter timeouts only)")
     axes.set_xlim(0, 102)
     _finish(figure, axes, path, bool(series))
     return figure
-
-
-def _ms(seconds: float) -> str:
-    millis = seconds * 1000.0
-    return f"{millis / 1000.0:g} s" if millis >= 1000.0 else f"{millis:g} ms"

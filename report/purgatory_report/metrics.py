@@ -154,7 +154,8 @@ def partial_aggregates(valid: Column) -> list[Column]:
     operations settled in the second), one count per outcome, ``latency_sum``
     (completion latencies), ``latency_min``/``_max``, ``lateness_max``,
     ``first_settled_at``/``last_settled_at``, ``timeout_sum``/``_min``/``_max``
-    (``deadline - created_at``), and per fraction ``f`` of :data:`WHATIF_FRACTIONS`
+    (``deadline - created_at`` of the completed and expired operations only, those the
+    what-if judges), and per fraction ``f`` of :data:`WHATIF_FRACTIONS`
     ``_would_<i>``: the operations that would have expired with timeout ``f *
     (deadline - created_at)`` (expired ones, and completed ones slower than that).
     The percentiles are :func:`percentile_aggregates`.
@@ -165,7 +166,9 @@ def partial_aggregates(valid: Column) -> list[Column]:
     """
     completed, expired = valid & _is("completed"), valid & _is("expired")
     completion = F.when(completed, latency())
-    given = F.when(valid, timeout())
+    # The timeouts of the operations the what-if judges: a cancelled or shut down one
+    # says nothing about whether its timeout was long enough.
+    given = F.when(completed | expired, timeout())
     settled = F.when(valid, F.col("settled_at"))
     would_expire = [
         F.count(F.when(F.col(EXPIRING) > index, 1)).alias(f"_would_{index}")
@@ -208,8 +211,8 @@ PARTIAL_REDUCTIONS: dict[str, str] = {
 def group_figures(totals: dict[str, Any]) -> dict[str, Any]:
     """The figures of a whole (purgatory, op_type) from its partials added up by
     :data:`PARTIAL_REDUCTIONS`: the totals, plus ``latency_mean``, ``timeout_mean``
-    (null without operations to average) and ``would_expire`` (one count per fraction
-    of :data:`WHATIF_FRACTIONS`)."""
+    (over the completed and expired operations; null without operations to average) and
+    ``would_expire`` (one count per fraction of :data:`WHATIF_FRACTIONS`)."""
 
     def mean(total: float | None, count: int) -> float | None:
         return None if total is None or not count else total / count
@@ -217,7 +220,9 @@ def group_figures(totals: dict[str, Any]) -> dict[str, Any]:
     return {
         **totals,
         "latency_mean": mean(totals["latency_sum"], int(totals["completed"])),
-        "timeout_mean": mean(totals["timeout_sum"], int(totals["count"])),
+        "timeout_mean": mean(
+            totals["timeout_sum"], int(totals["completed"]) + int(totals["expired"])
+        ),
         "would_expire": [int(totals[f"_would_{i}"]) for i in range(len(WHATIF_FRACTIONS))],
     }
 
@@ -305,7 +310,7 @@ def key_stats(events: DataFrame) -> DataFrame:
     satisfied at its first try (its record carries its keys). An operation watching
     a key twice counts once. Columns: ``purgatory``,
     ``op_type``, ``key``, ``watched``, one count per outcome and
-    ``expiry_ratio`` (expired / watched). Not ranked: see :func:`top_keys`.
+    ``expiry_ratio`` (:func:`expiry_ratio`). Not ranked: see :func:`top_keys`.
     """
     # A key counts where it first occurs in its list: array_position scans a short list
     # in place, where array_distinct builds a hash set per record (hot keys at 10M
@@ -324,8 +329,16 @@ def key_stats(events: DataFrame) -> DataFrame:
         .where(first)
         .groupBy(*GROUP, "key")
         .agg(F.count(F.lit(1)).alias("watched"), *_outcome_counts())
-        .withColumn("expiry_ratio", F.col("expired") / F.col("watched"))
+        .withColumn("expiry_ratio", expiry_ratio())
     )
+
+
+def expiry_ratio() -> Column:
+    """``expired / (completed + expired)``, null where neither occurred: the report's one
+    denominator, shared with the what-if's shares (cancelled and shut down operations
+    tell nothing about a timeout, so no ratio counts them)."""
+    judged = F.col("completed") + F.col("expired")
+    return F.when(judged > 0, F.col("expired") / judged)
 
 
 #: Hash buckets per group for the first round of :func:`top_keys`.

@@ -69,3 +69,32 @@ def timeouts_vary(row: Row) -> bool:
     """Whether a group's operations had different timeouts (beyond clock rounding)."""
     low, high = row["timeout_min"], row["timeout_max"]
     return bool(high - low > max(1e-5, 1e-3 * abs(high)))
+
+
+def judged(row: Row) -> int:
+    """Completed plus expired operations of a row: the denominator of every ratio in the
+    report (cancelled and shut down operations tell nothing about a timeout)."""
+    return int(row["completed"]) + int(row["expired"])
+
+
+def ratio_of_judged(expired: int, row: Row) -> float | None:
+    """``expired`` over :func:`judged` of ``row``; ``None`` where nothing was judged."""
+    total = judged(row)
+    return expired / total if total else None
+
+
+def duration(seconds: float) -> str:
+    """A timeout in words: ``500 ms``, ``1.5 s``, ``60 s``."""
+    millis = seconds * 1000.0
+    return f"{millis / 1000.0:g} s" if millis >= 1000.0 else f"{millis:g} ms"
+
+
+def timeout_basis(row: Row) -> str:
+    """What a group's what-if fractions are fractions of, as the chart's legend and the
+    key findings both say it: the group's one timeout (``its timeout of 500 ms``) where
+    every judged operation had the same, else each request's own (``each request's own
+    timeout (500 ms to 60 s)``), never a mean no request used."""
+    if timeouts_vary(row):
+        low, high = duration(row["timeout_min"]), duration(row["timeout_max"])
+        return f"each request's own timeout ({low} to {high})"
+    return f"its timeout of {duration(row['timeout_max'])}"

@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 
 from purgatory_report.anomalies import KINDS, THRESHOLD, Window
 from purgatory_report.metrics import ACCURACY, RANK_ERROR, SKETCH_K, TAIL_SHARE
-from purgatory_report.model import Report, Row, label, timeouts_vary
+from purgatory_report.model import (
+    Report,
+    Row,
+    duration,
+    judged,
+    label,
+    timeout_basis,
+)
 from purgatory_report.quality import PLAUSIBLE_FROM, PLAUSIBLE_UNTIL, REASONS
 
 #: A shorter timeout "costs little" when it expires at most this many more
@@ -80,17 +87,20 @@ def key_findings(report: Report) -> list[str]:
     summary = report.summary
     total = sum(int(row["count"]) for row in summary)
     expired = sum(int(row["expired"]) for row in summary)
+    decided = sum(judged(row) for row in summary)
     first = min(row["first_settled_at"] for row in summary)
     last = max(row["last_settled_at"] for row in summary)
+    share = f" ({_pct(expired / decided)})" if decided else ""
     found = [
         f"{total:,} operations in {len(summary)} group(s) settled over "
-        f"{_duration(last - first)}; {expired:,} ({_pct(expired / total)}) expired."
+        f"{_duration(last - first)}; {expired:,} of the {decided:,} that completed or "
+        f"expired{share} expired."
     ]
-    worst = max(summary, key=lambda row: (int(row["expired"]), row["expiry_ratio"]))
+    worst = max(summary, key=lambda row: (int(row["expired"]), row["expiry_ratio"] or 0.0))
     if int(worst["expired"]):
         sentence = (
             f"`{label(worst)}` expired most: {_int(worst['expired'])} of "
-            f"{_int(worst['count'])} ({_pct(worst['expiry_ratio'])})"
+            f"{_int(judged(worst))} ({_pct(worst['expiry_ratio'])})"
         )
         peak = report.expiry_peaks.get(label(worst))
         if peak is not None:
@@ -114,9 +124,18 @@ def key_findings(report: Report) -> list[str]:
 
 
 def _whatif_finding(summary: Row, rows: list[Row]) -> str | None:
-    """What the shortest affordable timeout of a group would cost, in one sentence."""
+    """What the shortest affordable timeout of a group would cost, in one sentence: as an
+    absolute timeout where the group used one, else as a share of each request's own."""
     if not rows:
         return None
+    basis = timeout_basis(summary)
+
+    def candidate(row: Row) -> str:
+        fraction = f"{row['timeout_fraction']:.0%}"
+        if row["candidate_timeout_s"] is None:
+            return f"at {fraction} of {basis}"
+        return f"at {duration(row['candidate_timeout_s'])} ({fraction} of {basis})"
+
     used = max(rows, key=lambda row: row["timeout_fraction"])
     base = float(used["share"])
     affordable = [
@@ -136,11 +155,7 @@ def _whatif_finding(summary: Row, rows: list[Row]) -> str | None:
             if int(row["would_expire"]) > int(used["would_expire"])
             else f"no more of its operations than now ({_pct(base)})"
         )
-        return (
-            f"A shorter timeout: {name} at {_ms(row['candidate_timeout_s'])} ms "
-            f"({row['timeout_fraction']:.0%} of its {_ms(used['candidate_timeout_s'])} ms) "
-            f"would expire {cost}."
-        )
+        return f"A shorter timeout: {name} {candidate(row)} would expire {cost}."
     nearest = max(
         (r for r in rows if r is not used and _shown(r["timeout_fraction"])),
         default=None,
@@ -149,9 +164,8 @@ def _whatif_finding(summary: Row, rows: list[Row]) -> str | None:
     if nearest is None:
         return None
     return (
-        f"Shorter timeouts cost {name} dearly: at {_ms(nearest['candidate_timeout_s'])} ms "
-        f"({nearest['timeout_fraction']:.0%} of its timeout) {_pct(nearest['share'])} would "
-        f"expire instead of {_pct(base)}."
+        f"Shorter timeouts cost {name} dearly: {candidate(nearest)}, "
+        f"{_pct(nearest['share'])} would expire instead of {_pct(base)}."
     )
 
 
@@ -257,9 +271,11 @@ def _summary_section(report: Report) -> str:
 
 {table}
 
-Expiry ratio: expired / all settled operations. Mean throughput: operations settled per second
-over the active window, from the first settlement's second to the last one's; peak: the busiest
-second.
+Expiry ratio: expired / (completed + expired), the denominator of every share in this report
+(the what-if's and the hot keys' too): a cancelled or shut down operation tells nothing about
+whether its timeout was long enough, so no ratio counts it. Mean throughput: operations settled
+per second (all outcomes) over the active window, from the first settlement's second to the last
+one's; peak: the busiest second.
 """
 
 
@@ -382,11 +398,13 @@ def _whatif_section(report: Report) -> str:
 ## Timeout what-if
 
 What share of operations would have expired with a shorter timeout? Each candidate is a
-fraction of the timeout an operation was given (`deadline - created_at`), and is shown in
-milliseconds at the group's mean timeout; the chart draws each group against its own
-timeout. A completed operation slower than the candidate would have expired; an expired
-one would have expired anyway. Shares are over completed and expired operations (cancelled and
-shutdown ones are left out). Counts are exact.
+fraction of the timeout each operation was given (`deadline - created_at`): where a group's
+requests chose different timeouts, "90%" means 90% of each request's own timeout, and no
+absolute candidate is given (no single timeout was used); where every request of a group had
+the same timeout, the candidate is also shown in milliseconds. A completed operation slower
+than its candidate would have expired; an expired one would have expired anyway. Shares are
+over completed and expired operations, as the expiry ratio is: at 100% the share is the expiry
+ratio. Cancelled and shutdown operations are left out, of the timeouts too. Counts are exact.
 
 {NOT_JUDGEABLE}
 
@@ -398,7 +416,9 @@ shutdown ones are left out). Counts are exact.
         rows = [
             [
                 f"{row['timeout_fraction']:.0%}",
-                _ms(row["candidate_timeout_s"]),
+                "each request's own"
+                if row["candidate_timeout_s"] is None
+                else _ms(row["candidate_timeout_s"]),
                 _int(row["would_expire"]),
                 _pct(row["share"]),
             ]
@@ -408,15 +428,9 @@ shutdown ones are left out). Counts are exact.
         if not rows:
             sections.append(f"### `{name}`\n\nNo completed or expired operations.")
             continue
-        note = ""
-        if timeouts_vary(summary):
-            note = (
-                f"\n\nTimeouts varied from {_ms(summary['timeout_min'])} to "
-                f"{_ms(summary['timeout_max'])} ms; fractions apply to each operation's own."
-            )
         table = _table(["fraction of timeout", "candidate", "would expire", "share"], rows)
-        judged = next(int(r["judged"]) for r in report.whatif if label(r) == name)
-        sections.append(f"### `{name}` ({_int(judged)} operations judged)\n\n{table}{note}")
+        heading = f"`{name}`: {timeout_basis(summary)}, {_int(judged(summary))} judged"
+        sections.append(f"### {heading}\n\n{table}")
     return "\n\n".join(section.strip() for section in sections)
 
 

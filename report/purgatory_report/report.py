@@ -46,7 +46,16 @@ from purgatory_report.metrics import (
     WHATIF_FRACTIONS,
     meaningful,
 )
-from purgatory_report.model import SUMMARY_KEYS, Report, Row, label
+from purgatory_report.model import (
+    SUMMARY_KEYS,
+    Report,
+    Row,
+    judged,
+    label,
+    ratio_of_judged,
+    timeout_basis,
+    timeouts_vary,
+)
 from purgatory_report.output import ReportOutput, check_local_target
 from purgatory_report.quality import REASON, REASONS, Quality
 from purgatory_report.quality import reason as quality_reason
@@ -715,7 +724,7 @@ def _summary_row(stats: Row, peaks: dict[tuple[str, str], int]) -> Row:
         "op_type": stats["op_type"],
         "count": count,
         **{outcome: int(stats[outcome]) for outcome in OUTCOMES},
-        "expiry_ratio": stats["expired"] / count,
+        "expiry_ratio": ratio_of_judged(int(stats["expired"]), stats),
         "latency_p50": latency_at(HEADLINE_QUANTILES["p50"]),
         "latency_p99": latency_at(HEADLINE_QUANTILES["p99"]),
         "lateness_p99": None if lateness is None else float(lateness[1]),
@@ -744,20 +753,24 @@ def _summary_row(stats: Row, peaks: dict[tuple[str, str], int]) -> Row:
 
 
 def _whatif_rows(stats: Row) -> list[Row]:
-    judged = int(stats["completed"]) + int(stats["expired"])
-    if judged == 0:
+    """The what-if of a group: per fraction, its count over the same denominator as the
+    expiry ratio. An absolute candidate (and the timeout used) only where every judged
+    operation had the same timeout; null where each had its own, whose mean no request
+    used."""
+    total = judged(stats)
+    if total == 0:
         return []
-    used = float(stats["timeout_mean"])
+    used = None if timeouts_vary(stats) else float(stats["timeout_max"])
     return [
         {
             "purgatory": stats["purgatory"],
             "op_type": stats["op_type"],
             "timeout_fraction": fraction,
-            "candidate_timeout_s": fraction * used,
+            "candidate_timeout_s": None if used is None else fraction * used,
             "timeout_used_s": used,
-            "judged": judged,
+            "judged": total,
             "would_expire": int(would),
-            "share": int(would) / judged,
+            "share": ratio_of_judged(int(would), stats),
         }
         for fraction, would in zip(WHATIF_FRACTIONS, stats["would_expire"], strict=True)
     ]
@@ -823,9 +836,15 @@ def _draw_charts(report: Report, output: ReportOutput, bins: list[Row], span: in
     whatif: dict[str, list[tuple[float, float]]] = {}
     for row in report.whatif:
         whatif.setdefault(label(row), []).append((row["timeout_fraction"], row["share"]))
-    timeouts = {label(row): float(row["timeout_mean"]) for row in report.summary}
     report.charts["whatif"] = output.final("charts/whatif.png")
-    charts.whatif_chart(directory / "whatif.png", whatif, timeouts)
+    charts.whatif_chart(directory / "whatif.png", whatif, whatif_bases(report))
+
+
+def whatif_bases(report: Report) -> dict[str, str]:
+    """Per group with a what-if, its legend's :func:`timeout_basis` (the findings say the
+    same of it)."""
+    having = {label(row) for row in report.whatif}
+    return {label(row): timeout_basis(row) for row in report.summary if label(row) in having}
 
 
 def _totals(rates: Iterable[list[float]], width: int) -> list[float]:

@@ -177,11 +177,11 @@ def test_key_findings_say_what_expired_most_when_and_what_a_shorter_timeout_cost
     )
     assert "2026-01-01 00:02:00 UTC to 00:02:30" in findings[2]
     assert (
-        "A shorter timeout: `produce/Op` at 500.0 ms (50% of its 1,000.0 ms) would expire "
+        "A shorter timeout: `produce/Op` at 500 ms (50% of its timeout of 1 s) would expire "
         "only 0.21% more of its operations (2.31% instead of 2.10%)."
     ) in findings
     assert any(
-        sentence.startswith("Shorter timeouts cost `fetch/Op` dearly: at 450.0 ms (90%")
+        sentence.startswith("Shorter timeouts cost `fetch/Op` dearly: at 450 ms (90% of its")
         for sentence in findings
     )
     text = render_markdown(small_report())
