@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._base import ABANDON_AFTER as ABANDON_AFTER
+from ._base import MAX_LABEL_CHARS as MAX_LABEL_CHARS
+from ._base import MAX_LABELS as MAX_LABELS
 from ._base import BackendHost as BackendHost
 from ._base import Event as Event
 from ._base import Fanout as Fanout
@@ -34,6 +36,8 @@ __all__ = [
     "ABANDON_AFTER",
     "ENV_FANOUT_URL",
     "ENV_URL",
+    "MAX_LABELS",
+    "MAX_LABEL_CHARS",
     "BackendHost",
     "Event",
     "Fanout",

@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Final, Self, SupportsFloat
+from typing import Any, ClassVar, Final, Self, SupportsFloat
 
 from .._logging import get_logger
 from .._operation import DelayedOperation
@@ -468,14 +468,21 @@ class Fanout(BackendHost):
         key: str,
         threshold: SupportsFloat,
         timeout: float,  # noqa: ASYNC109 - the operation's own deadline, enforced by the purgatory
+        *,
+        label: str | None = None,
     ) -> float | None:
         """Wait until the value of ``key`` reaches ``threshold`` in any process; return the value,
         or None if ``timeout`` passed first. Cancelling the caller withdraws the operation.
 
+        ``label`` names the kind of wait in the event log and the report (its
+        ``op_type``, ``ValueReached`` without one), such as the route template
+        ``/orders/{id}/status``: see :meth:`ValueReached.labelled`.
+
         In a request handler use the integration's ``wait_for_value(request, ...)``,
-        which also withdraws the operation when the client disconnects.
+        which also withdraws the operation when the client disconnects (and labels the
+        wait with the route's template).
         """
-        op = ValueReached(self, key, threshold, timeout)
+        op = ValueReached.labelled(label)(self, key, threshold, timeout)
         await self.watch_threshold(purgatory, op, key, op.threshold)
         try:
             return await op
@@ -879,14 +886,74 @@ def _say(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+MAX_LABEL_CHARS: Final = 200
+"""The longest operation label, in characters."""
+MAX_LABELS: Final = 1000
+"""How many distinct labels one process may use: a label names a kind of wait (a route
+template), never one request, or the report would have a group per request."""
+
+
+def check_label(label: object) -> str:
+    """An operation label: a non-empty printable str of at most :data:`MAX_LABEL_CHARS`."""
+    if not isinstance(label, str):
+        raise TypeError(f"an operation label must be a str, got {type(label).__name__}")
+    if not label or len(label) > MAX_LABEL_CHARS or not label.isprintable():
+        raise ValueError(
+            f"an operation label must be 1-{MAX_LABEL_CHARS} printable characters (it names a "
+            f"kind of wait in the event log, such as '/orders/{{id}}/status'), got {label[:60]!r}"
+            f"{'...' if len(label) > 60 else ''} ({len(label)} characters)"
+        )
+    return label
+
+
 class ValueReached(DelayedOperation[float | None]):
     """Completes when the value of ``key`` reaches ``threshold`` in any process.
 
     Its result is the value reached, or None if it expired first. Watch it with
-    :meth:`Fanout.watch_threshold` (or use :meth:`Fanout.wait_for_value`).
+    :meth:`Fanout.watch_threshold` (or use :meth:`Fanout.wait_for_value`). The event
+    log names it ``ValueReached``; ``ValueReached.labelled(label)`` is the same class
+    under another name.
     """
 
     __slots__ = ("fanout", "key", "reached", "threshold")
+
+    # The classes made by labelled(), one per (class, label). The library reads op_type off
+    # the class (one attribute read per settled operation, no slot per operation), so a
+    # label is a subclass with nothing but its op_type.
+    _labelled: ClassVar[dict[tuple[type[ValueReached], str], type[ValueReached]]] = {}
+
+    @classmethod
+    def labelled(cls, label: str | None) -> type[ValueReached]:
+        """This class under the name ``label`` in the event log and the report (its
+        ``op_type``); ``cls`` itself for None. Made once per label and reused.
+
+        Raises:
+            TypeError, ValueError: a label that is not 1-:data:`MAX_LABEL_CHARS` printable
+                characters, or more than :data:`MAX_LABELS` distinct labels in this process
+                (a label names a kind of wait, not one request).
+        """
+        if label is None:
+            return cls
+        made = ValueReached._labelled
+        found = made.get((cls, label)) if type(label) is str else None
+        if found is not None:
+            return found
+        check_label(label)
+        if len(made) >= MAX_LABELS:
+            raise ValueError(
+                f"more than {MAX_LABELS} distinct operation labels in this process: a label "
+                "names a kind of wait (a route template such as '/orders/{id}/status'), not "
+                f"one request; refused {label[:60]!r}"
+            )
+        namespace = {
+            "__slots__": (),
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "op_type": label,
+        }
+        labelled = made[cls, label] = type(cls.__name__, (cls,), namespace)
+        return labelled
 
     def __init__(self, fanout: Fanout, key: str, threshold: SupportsFloat, timeout: float) -> None:
         super().__init__(timeout)
@@ -910,6 +977,8 @@ class ValueReached(DelayedOperation[float | None]):
 
 __all__ = [
     "ABANDON_AFTER",
+    "MAX_LABELS",
+    "MAX_LABEL_CHARS",
     "BackendHost",
     "Event",
     "Fanout",

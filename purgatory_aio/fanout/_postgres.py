@@ -30,6 +30,11 @@ compares the two designs on the same driver.
   a timeout; a statement that timed out leaves its connection closed (the next
   use reconnects), so a frozen server never holds a publisher, a read or
   ``stop()``.
+* **The schema is the team's.** The table lives in the schema ``public`` unless
+  another is chosen (``schema=``, ``?schema=``); a member creates what is missing
+  unless ``create=False``, and checks from the catalogs that its role may use the
+  table, naming what is missing in one line. The DDL and the grants a member needs
+  come from :mod:`purgatory_aio.fanout.postgres_schema`.
 * **Rows do not accumulate.** Values not raised for ``value_ttl`` seconds are
   deleted by whichever member publishes, at most every few minutes (the table
   only grows through publishing).
@@ -49,11 +54,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, SupportsFloat, cast
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 try:
     import asyncpg
@@ -78,6 +82,13 @@ from ._base import (
     encode,
 )
 from ._urls import redacted
+from .postgres_schema import (
+    DEFAULT_SCHEMA,
+    PRIVILEGES,
+    PostgresSchema,
+    check_prefix,
+    check_schema,
+)
 
 _log = get_logger("purgatory_aio.fanout.postgres")
 
@@ -90,7 +101,14 @@ MAX_KEY_BYTES: Final = 2000
 
 SCHEMES: Final = ("postgresql", "postgres")
 
-_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+#: The URL's query parameters that are the fan-out's own (not the driver's): taken out of
+#: the URL before it is handed to asyncpg, which would send them as server settings.
+URL_OPTIONS: Final = ("schema", "create")
+_TRUE: Final = frozenset({"true", "1", "yes", "on"})
+_FALSE: Final = frozenset({"false", "0", "no", "off"})
+
+#: The command that prints the DDL, as error messages name it.
+DDL_COMMAND: Final = "python -m purgatory_aio.fanout.postgres_schema"
 
 #: Shown in pg_stat_activity, so an operator (or a test) can tell the connections apart.
 LISTEN_APPLICATION: Final = "purgatory_aio fanout listen"
@@ -149,17 +167,42 @@ def resolve_url(url: str | None) -> str:
     return chosen
 
 
-def check_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
-        raise ValueError(
-            "prefix must be 1-40 lowercase letters, digits or '_' (not starting with a digit): "
-            f"it names a table and a channel; got {prefix!r}"
-        )
-    return prefix
+def url_options(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without the fan-out's own query parameters (:data:`URL_OPTIONS`), and those
+    parameters by name; a parameter given twice is a ``ValueError``."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url, {}
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name in URL_OPTIONS:
+            if name in options:
+                raise ValueError(f"the PostgreSQL URL {redacted(url)!r} gives {name}= twice")
+            options[name] = value
+    if not options:
+        return url, {}
+    kept = [(name, value) for name, value in pairs if name not in URL_OPTIONS]
+    return parts._replace(query=urlencode(kept)).geturl(), options
 
 
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
+def _merge_option(name: str, given: object, from_url: str | None, default: object) -> object:
+    """A setting given as an argument, in the URL, or neither (the default); both only if
+    they agree."""
+    if from_url is None:
+        return default if given is None else given
+    if name == "create":
+        lowered = from_url.lower()
+        if lowered not in _TRUE | _FALSE:
+            raise ValueError(
+                f"create= in the PostgreSQL URL must be true or false, got {from_url!r}"
+            )
+        parsed: object = lowered in _TRUE
+    else:
+        parsed = from_url
+    if given is not None and given != parsed:
+        raise ValueError(f"{name}={given!r} disagrees with {name}={from_url!r} in the URL")
+    return parsed
 
 
 def _lost(exc: BaseException, conn: Any) -> bool:
@@ -215,20 +258,31 @@ class PostgresBackend(FanoutBackend):
         url: str,
         *,
         prefix: str = "purgatory_aio",
+        schema: str | None = None,
+        create: bool | None = None,
         value_ttl: float = 86400.0,
         connect_timeout: float = 2.0,
         command_timeout: float = 5.0,
         health_interval: float = 10.0,
     ) -> None:
-        self.url = resolve_url(url)
+        url, options = url_options(resolve_url(url))
+        if schema is not None:
+            check_schema(schema)
+        if create is not None and not isinstance(create, bool):
+            raise TypeError(f"create must be True or False, got {create!r}")
+        self.url = url
         self.prefix = check_prefix(prefix)
-        self.table = f"{prefix}_values"
-        self.channel = f"{prefix}_events"
+        chosen = _merge_option("schema", schema, options.get("schema"), DEFAULT_SCHEMA)
+        self.names = PostgresSchema(check_schema(chosen), self.prefix)
+        self.schema = self.names.schema
+        self.create = bool(_merge_option("create", create, options.get("create"), True))
+        self.table = self.names.table_name
+        self.channel = self.names.channel
         self._ttl = value_ttl
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
         self._health_interval = health_interval
-        table = _quote(self.table)
+        table = self.names.table
         # One statement for every kind of event, so a batch is one executemany and its
         # notifications keep the order of the events. $1 kind, $2 key, $3 value, $4 message.
         self._publish_sql = f"""
@@ -292,40 +346,83 @@ class PostgresBackend(FanoutBackend):
             ) from None
 
     async def _ensure_table(self, conn: Any) -> None:
-        """Create the table unless it exists (one process at a time: concurrent CREATE TABLE
-        IF NOT EXISTS can collide), and check that an existing one has the columns used."""
-        table = _quote(self.table)
+        """Check that the schema and the table exist and that this role may use them (with
+        ``create``, make what is missing first, one process at a time: concurrent CREATE
+        TABLE IF NOT EXISTS can collide); one clear :class:`FanoutUnavailable` otherwise."""
+        names = self.names
         # Everything in one transaction that ends here: a statement prepared outside one
         # leaves the session's implicit transaction open (asyncpg sends no Sync after it),
         # and with it a lock on the table that an operator's ALTER, TRUNCATE or DROP would
         # wait behind for as long as this member lives.
         async with conn.transaction():
-            if await conn.fetchval("SELECT to_regclass($1) IS NULL", table):
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.table)
-                await conn.execute(
-                    f"""CREATE TABLE IF NOT EXISTS {table} (
-                        key text PRIMARY KEY,
-                        value double precision NOT NULL,
-                        updated_at timestamptz NOT NULL DEFAULT now())"""
-                )
-                await conn.execute(
-                    f"CREATE INDEX IF NOT EXISTS {_quote(self.table + '_updated_at')} "
-                    f"ON {table} (updated_at)"
-                )
+            state = await conn.fetchrow(_STATE_SQL, names.schema, names.table_name)
+            if state["table_oid"] is None and self.create:
+                self._may_create(state)
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", names.shown)
+                if state["schema_oid"] is None:
+                    await conn.execute(names.create_schema())
+                for statement in names.create_table():
+                    await conn.execute(statement)
+                state = await conn.fetchrow(_STATE_SQL, names.schema, names.table_name)
+            self._may_use(state)
             try:
                 statement = await conn.prepare(
-                    f"SELECT key, value, updated_at FROM {table} LIMIT 0"
+                    f"SELECT key, value, updated_at FROM {names.table} LIMIT 0"
                 )
             except asyncpg.PostgresError as exc:
                 raise FanoutUnavailable(
-                    f"cannot use {self.address}: the table {self.table} exists but is not the "
+                    f"cannot use {self.address}: the table {names.shown} exists but is not the "
                     f"fan-out's ({exc}); choose another prefix"
                 ) from None
             types = {attr.name: attr.type.name for attr in statement.get_attributes()}
         if types.get("key") != "text" or types.get("value") != "float8":
             raise FanoutUnavailable(
-                f"cannot use {self.address}: the table {self.table} exists with other column "
+                f"cannot use {self.address}: the table {names.shown} exists with other column "
                 f"types ({types}); choose another prefix"
+            )
+
+    def _unusable(self, problem: str) -> FanoutUnavailable:
+        return FanoutUnavailable(f"cannot use {self.address}: {problem}")
+
+    def _may_create(self, state: Any) -> None:
+        """Refuse, naming the privilege, to create what this role may not."""
+        names, role = self.names, state["role"]
+        ddl = f"{DDL_COMMAND} --schema {names.schema} --prefix {names.prefix}"
+        if state["schema_oid"] is None and not state["may_create_schema"]:
+            raise self._unusable(
+                f"the schema {names.schema} does not exist and the role {role} may not create "
+                f"it (CREATE on the database): apply the DDL `{ddl}` prints"
+            )
+        if state["schema_oid"] is not None and not state["may_create_table"]:
+            raise self._unusable(
+                f"the table {names.shown} does not exist and the role {role} may not create it "
+                f"(CREATE on the schema {names.schema}): apply the DDL `{ddl}` prints"
+            )
+
+    def _may_use(self, state: Any) -> None:
+        """Refuse, naming what is missing, a schema, table or privilege the member lacks."""
+        names, role = self.names, state["role"]
+        ddl = f"{DDL_COMMAND} --schema {names.schema} --prefix {names.prefix} --role {role}"
+        if state["schema_oid"] is None:
+            raise self._unusable(
+                f"the schema {names.schema} does not exist (create=False): apply the DDL "
+                f"`{ddl}` prints"
+            )
+        if not state["schema_usage"]:
+            raise self._unusable(
+                f"the role {role} lacks USAGE on the schema {names.schema}: "
+                f"GRANT USAGE ON SCHEMA {names.schema} TO {role}"
+            )
+        if state["table_oid"] is None:
+            raise self._unusable(
+                f"the table {names.shown} does not exist (create=False): apply the DDL "
+                f"`{ddl}` prints"
+            )
+        missing = [name for name in PRIVILEGES if not state[f"may_{name.lower()}"]]
+        if missing:
+            raise self._unusable(
+                f"the role {role} lacks {', '.join(missing)} on the table {names.shown}: "
+                f"GRANT {', '.join(PRIVILEGES)} ON {names.shown} TO {role}"
             )
 
     async def _listen(self, host: BackendHost) -> None:
@@ -395,7 +492,7 @@ class PostgresBackend(FanoutBackend):
                 # Dropped while we were connected: reconnecting makes it again, and the
                 # fan-out sends the batch again.
                 self._drop_writer()
-                raise EngineUnreachable(f"the table {self.table} is gone: {exc}") from None
+                raise EngineUnreachable(f"the table {self.names.shown} is gone: {exc}") from None
             if len(rows) > 1:  # which events did the server refuse? One at a time.
                 return await self._one_by_one(conn, rows)
             return [exc]
@@ -409,10 +506,12 @@ class PostgresBackend(FanoutBackend):
             await conn.execute(
                 self._publish_sql, ADVANCE, key, value, message, timeout=self._command_timeout
             )
-        except asyncpg.exceptions.UndefinedTableError:
+        except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError):
             raise FanoutUnavailable(
-                f"the table {self.table} does not exist at {self.address}: start a fan-out "
-                "with this prefix once (it creates the table) before advancing in a transaction"
+                f"the table {self.names.shown} does not exist at {self.address}: start a fan-out "
+                "with this prefix once (it creates the table) before advancing in a transaction, "
+                f"or apply the DDL `{DDL_COMMAND} --schema {self.schema} --prefix {self.prefix}` "
+                "prints"
             ) from None
 
     async def _one_by_one(
@@ -521,6 +620,23 @@ class PostgresBackend(FanoutBackend):
 
 _INF: Final = float("inf")
 
+# Whether the schema and the table exist, and what the connected role may do with them:
+# read from the catalogs, never by trying (a refused statement would end the transaction).
+# $1 schema, $2 table (both checked identifiers, passed as values all the same).
+_STATE_SQL: Final = """
+    SELECT current_user AS role, n.oid AS schema_oid, c.oid AS table_oid,
+        has_database_privilege(current_database(), 'CREATE') AS may_create_schema,
+        n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'CREATE') AS may_create_table,
+        n.oid IS NOT NULL AND has_schema_privilege(n.oid, 'USAGE') AS schema_usage,
+        c.oid IS NOT NULL AND has_table_privilege(c.oid, 'SELECT') AS may_select,
+        c.oid IS NOT NULL AND has_table_privilege(c.oid, 'INSERT') AS may_insert,
+        c.oid IS NOT NULL AND has_table_privilege(c.oid, 'UPDATE') AS may_update,
+        c.oid IS NOT NULL AND has_table_privilege(c.oid, 'DELETE') AS may_delete
+    FROM (SELECT 1) AS one
+    LEFT JOIN pg_namespace n ON n.nspname = $1
+    LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $2
+"""
+
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
@@ -535,6 +651,14 @@ class PostgresFanout(Fanout):
         purgatories: the purgatories events apply to (more with :meth:`attach`).
         prefix: names the table (``<prefix>_values``) and the channel
             (``<prefix>_events``), so several applications can share a database.
+        schema: the schema of the table (``public`` unless given here or as
+            ``?schema=`` in the URL; never the connection's ``search_path``). In any
+            other schema the channel is ``<schema>.<prefix>_events``.
+        create: False: create nothing at run time (the table comes from a migration,
+            see :mod:`purgatory_aio.fanout.postgres_schema`); ``start()`` then raises one
+            :class:`FanoutUnavailable` naming the missing schema, table or privilege.
+            True by default: the first member creates the schema, table and index if
+            missing. Also ``?create=false`` in the URL.
         queue_size: events that may wait to be published; beyond it they are dropped.
         batch: events per round trip (one transaction).
         value_ttl: seconds a stored value outlives its last raise.
@@ -552,6 +676,8 @@ class PostgresFanout(Fanout):
         url: str | None = None,
         *purgatories: Purgatory,
         prefix: str = "purgatory_aio",
+        schema: str | None = None,
+        create: bool | None = None,
         queue_size: int = 65536,
         batch: int = 512,
         value_ttl: float = 86400.0,
@@ -564,6 +690,8 @@ class PostgresFanout(Fanout):
         backend = PostgresBackend(
             resolve_url(url),
             prefix=prefix,
+            schema=schema,
+            create=create,
             value_ttl=check_positive_seconds(value_ttl, "value_ttl"),
             connect_timeout=check_positive_seconds(connect_timeout, "connect_timeout"),
             command_timeout=check_positive_seconds(command_timeout, "command_timeout"),
@@ -579,6 +707,7 @@ class PostgresFanout(Fanout):
             subscribe=subscribe,
         )
         self.url = backend.url
+        self.schema = backend.schema
         self.table = backend.table
         self.channel = backend.channel
 

@@ -242,10 +242,11 @@ async def wait_for_value_until_disconnected(
     threshold: SupportsFloat,
     timeout: float,  # noqa: ASYNC109 - the operation's own deadline, enforced by the purgatory
     on_disconnect: OnDisconnect,
+    label: str | None = None,
 ) -> float | None:
     """:meth:`Fanout.wait_for_value <purgatory_aio.fanout.Fanout.wait_for_value>`, withdrawn
     when the client disconnects, as :func:`watch_until_disconnected` withdraws its operation."""
-    op = ValueReached(fanout, key, threshold, timeout)
+    op = ValueReached.labelled(label)(fanout, key, threshold, timeout)
     fanout.attach(purgatory)
     return await watch_until_disconnected(
         purgatory, op, (op.key,), on_disconnect, threshold=op.threshold

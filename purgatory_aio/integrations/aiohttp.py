@@ -311,10 +311,15 @@ async def wait_for_value(
     *,
     purgatory: Purgatory | None = None,
     fanout: Fanout | None = None,
+    label: str | None = None,
 ) -> float | None:
     """Wait until ``key``'s value reaches ``threshold`` in any process (the fan-out's
     :meth:`~purgatory_aio.fanout.Fanout.wait_for_value`); withdraw the wait if the client
     leaves. Returns the value, or None once ``timeout`` passed.
+
+    ``label`` names the wait in the event log and the report (its ``op_type``); by
+    default the template of the route that matched (``/orders/{id}/status``), so two
+    routes that wait on values are told apart.
 
     ``fanout`` defaults to the one given to :func:`setup_purgatories`, ``purgatory``
     to the application's only purgatory.
@@ -326,10 +331,18 @@ async def wait_for_value(
     """
     fan = fanout if fanout is not None else get_fanout(request)
     chosen = purgatory if purgatory is not None else get_purgatory(request)
+    named = label if label is not None else _route_template(request)
     with _http_errors():
         return await _common.wait_for_value_until_disconnected(
-            fan, chosen, key, threshold, timeout, on_disconnect(request)
+            fan, chosen, key, threshold, timeout, on_disconnect(request), named
         )
+
+
+def _route_template(request: web.Request) -> str | None:
+    """The template of the route that matched (``/orders/{id}/status``), or None."""
+    resource = request.match_info.route.resource
+    template = resource.canonical if resource is not None else None
+    return template if isinstance(template, str) and template else None
 
 
 def get_fanout(request: web.Request) -> Fanout:

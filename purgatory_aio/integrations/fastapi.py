@@ -413,10 +413,15 @@ async def wait_for_value(
     *,
     purgatory: Purgatory | None = None,
     fanout: Fanout | None = None,
+    label: str | None = None,
 ) -> float | None:
     """Wait until ``key``'s value reaches ``threshold`` in any process (the fan-out's
     :meth:`~purgatory_aio.fanout.Fanout.wait_for_value`); withdraw the wait if the client
     leaves. Returns the value, or None once ``timeout`` passed.
+
+    ``label`` names the wait in the event log and the report (its ``op_type``); by
+    default the template of the route that matched (``/orders/{id}/status``), so two
+    routes that wait on values are told apart.
 
     ``fanout`` defaults to the one given to :class:`PurgatoryLifespan`, ``purgatory``
     to the application's only purgatory.
@@ -428,10 +433,18 @@ async def wait_for_value(
     """
     fan = fanout if fanout is not None else get_fanout(request)
     chosen = purgatory if purgatory is not None else (await get_purgatories(request)).only()
+    named = label if label is not None else _route_template(request)
     with _http_errors():
         return await _common.wait_for_value_until_disconnected(
-            fan, chosen, key, threshold, timeout, on_disconnect(request)
+            fan, chosen, key, threshold, timeout, on_disconnect(request), named
         )
+
+
+def _route_template(request: Request) -> str | None:
+    """The template of the route that matched (``/orders/{id}/status``), or None."""
+    route = request.scope.get("route")
+    template = getattr(route, "path_format", None) or getattr(route, "path", None)
+    return template if isinstance(template, str) and template else None
 
 
 def get_fanout(request: Request) -> Fanout:

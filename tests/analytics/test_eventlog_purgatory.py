@@ -1,4 +1,5 @@
-"""A purgatory logging to the writers, and the report over what it logged."""
+"""A purgatory logging to the writers, and the report over what it logged: each kind of
+operation its own group, the fan-out's labelled waits too."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from purgatory_report.cli import main
 
 from purgatory_aio import DelayedOperation, Purgatory
 from purgatory_aio.eventlog import JsonLinesWriter, ParquetWriter, arrow_schema
+from purgatory_aio.fanout import MemoryFanout, ValueReached
 from purgatory_aio.testing import ManualClock
 
 FETCHES = 300
 PRODUCES = 200
+#: Waits on values of the fan-out, labelled as two routes would label them: (label, how many).
+LABELS = (("/orders/{id}/status", 40), ("/jobs/{id}/wait", 30))
 
 
 class Fetch(DelayedOperation[str]):
@@ -39,16 +43,36 @@ class Produce(Fetch):
     op_type = "Produce"
 
 
+async def labelled_waits(acks: Purgatory, clock: ManualClock) -> Counter[tuple[str, str]]:
+    """The waits of :data:`LABELS` on ``acks``: every other one reached, the rest expired."""
+    expected: Counter[tuple[str, str]] = Counter()
+    async with MemoryFanout() as fanout:
+        for label, count in LABELS:
+            for n in range(count):
+                op = ValueReached.labelled(label)(fanout, f"{label}:{n}", 1, 0.1)
+                await fanout.watch_threshold(acks, op, op.key, op.threshold)
+                if n % 2:
+                    fanout.advance(op.key, 1)
+                expected[(label, "completed" if n % 2 else "expired")] += 1
+        await clock.advance(0.2)
+    return expected
+
+
 async def scenario(directory: Path) -> Counter[tuple[str, str]]:
-    """Drive two purgatories on virtual time; return the expected outcome counts."""
+    """Drive three purgatories on virtual time; return the expected outcome counts per
+    purgatory (and per label of the fan-out's waits)."""
     expected: Counter[tuple[str, str]] = Counter()
     clock = ManualClock()
     with (
         ParquetWriter(directory / "fetch", batch_size=64) as fetch_log,
         JsonLinesWriter(directory / "produce", batch_size=64) as produce_log,
+        JsonLinesWriter(directory / "acks", batch_size=64) as acks_log,
     ):
         fetch = Purgatory("fetch", clock=clock, event_sink=fetch_log)
         produce = Purgatory("produce", clock=clock, event_sink=produce_log)
+        acks = Purgatory("acks", clock=clock, event_sink=acks_log)
+        expected.update(await labelled_waits(acks, clock))
+        await acks.shutdown()
         ops: list[tuple[Purgatory, Fetch]] = []
         for n in range(FETCHES):
             op = Fetch(0.5)
@@ -77,7 +101,7 @@ async def scenario(directory: Path) -> Counter[tuple[str, str]]:
             else:
                 outcome = "cancelled"
             expected[(purgatory.name, outcome)] += 1
-    assert fetch_log.dropped == produce_log.dropped == 0
+    assert fetch_log.dropped == produce_log.dropped == acks_log.dropped == 0
     return expected
 
 
@@ -101,16 +125,19 @@ def read_rows(directory: Path) -> list[dict[str, Any]]:
 def test_every_settled_operation_reaches_the_files(logged) -> None:
     directory, expected = logged
     rows = read_rows(directory)
-    assert len(rows) == FETCHES + PRODUCES
-    assert Counter((r["purgatory"], r["outcome"]) for r in rows) == expected
-    assert {r["op_type"] for r in rows} == {"Fetch", "Produce"}
+    assert len(rows) == FETCHES + PRODUCES + sum(count for _, count in LABELS)
+    assert Counter(
+        (r["op_type"] if r["purgatory"] == "acks" else r["purgatory"], r["outcome"]) for r in rows
+    ) == expected  # fmt: skip
+    assert {r["op_type"] for r in rows} == {"Fetch", "Produce", *(label for label, _ in LABELS)}
 
 
 def test_logged_times_are_consistent(logged) -> None:
+    timeouts = {"Fetch": 0.5, "Produce": 0.2}
     for row in read_rows(logged[0]):
         assert row["created_at"] <= row["settled_at"]
         assert row["deadline"] - row["created_at"] == pytest.approx(
-            0.5 if row["op_type"] == "Fetch" else 0.2
+            timeouts.get(row["op_type"], 0.1)
         )
         if row["outcome"] == "expired":
             assert row["settled_at"] >= row["deadline"]
@@ -120,8 +147,13 @@ def test_logged_times_are_consistent(logged) -> None:
 def test_report_counts_what_the_purgatories_settled(spark: Any, logged, tmp_path: Path) -> None:
     directory, expected = logged
     assert main([str(directory), "--out", str(tmp_path)], spark=spark) == 0
-    summary = {row["purgatory"]: row for row in json.loads((tmp_path / "summary.json").read_text())}
-    for (purgatory, outcome), count in expected.items():
-        assert summary[purgatory][outcome] == count
+    summary = {
+        row["op_type"] if row["purgatory"] == "acks" else row["purgatory"]: row
+        for row in json.loads((tmp_path / "summary.json").read_text())
+    }
+    # One group per purgatory and op_type: the fan-out's waits, one per label.
+    assert set(summary) == {"fetch", "produce", *(label for label, _ in LABELS)}
+    for (group, outcome), count in expected.items():
+        assert summary[group][outcome] == count
     assert summary["produce"]["lateness_p99"] is not None
     assert summary["fetch"]["latency_p50"] is not None

@@ -24,12 +24,17 @@ import stat
 import subprocess
 import tempfile
 import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
 from fanout_support import free_port
 
-__all__ = ["PostgresServer"]
+__all__ = ["PostgresServer", "admin", "fresh"]
 
 SUPERUSER = "postgres"
 # Created with useradd when neither of the usual unprivileged users exists.
@@ -268,3 +273,18 @@ class PostgresServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@asynccontextmanager
+async def admin(server: PostgresServer) -> AsyncIterator[Any]:
+    """A superuser connection to ``server``, closed after."""
+    conn = await asyncpg.connect(server.url, timeout=10)
+    try:
+        yield conn
+    finally:
+        conn.terminate()
+
+
+def fresh(name: str) -> str:
+    """A name no earlier test used: the server, and so its tables, last the session."""
+    return f"{name}_{uuid.uuid4().hex[:8]}"

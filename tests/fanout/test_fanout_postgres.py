@@ -7,15 +7,14 @@ import asyncio
 import gc
 import socket
 import threading
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import asyncpg
 import pytest
 from fanout_support import RedisServer, free_port, until
-from pg_support import PostgresServer
+from pg_support import PostgresServer, admin, fresh
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, PostgresFanout, fanout_from_url
@@ -28,15 +27,6 @@ from purgatory_aio.fanout._postgres import (
 )
 
 PATIENCE = 15.0
-
-
-@asynccontextmanager
-async def admin(server: PostgresServer) -> AsyncIterator[Any]:
-    conn = await asyncpg.connect(server.url, timeout=10)
-    try:
-        yield conn
-    finally:
-        conn.terminate()
 
 
 async def terminate(server: PostgresServer, application: str) -> int:
@@ -55,11 +45,6 @@ async def parked(fanout: PostgresFanout, purgatory: Purgatory, key: str) -> asyn
     task = asyncio.create_task(fanout.wait_for_value(purgatory, key, 1, 60))
     await until(lambda: purgatory.num_delayed == before + 1)
     return task
-
-
-def fresh(name: str) -> str:
-    """A prefix no earlier test used: the server, and so its tables, last the session."""
-    return f"{name}_{uuid.uuid4().hex[:8]}"
 
 
 def pair(server: PostgresServer, name: str, **options: Any) -> tuple[Any, ...]:
