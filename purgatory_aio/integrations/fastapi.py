@@ -37,7 +37,7 @@ try:
     from fastapi import HTTPException, Request
     from starlette.applications import Starlette
     from starlette.datastructures import MutableHeaders
-    from starlette.responses import Response
+    from starlette.responses import JSONResponse, Response
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
@@ -52,6 +52,7 @@ from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from ..fanout import Fanout, FanoutUnavailable
 from . import OnDisconnect, Purgatories, make_request_id
+from ._health import DEFAULT_QUEUE_LIMIT, check_queue_limit, readiness
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -70,6 +71,7 @@ __all__ = [
     "metrics_endpoint",
     "on_disconnect",
     "purgatory_dependency",
+    "readiness_endpoint",
     "wait_for_value",
     "watch_and_wait",
 ]
@@ -567,3 +569,32 @@ def metrics_endpoint(
         return Response(encoder(target), headers={"content-type": content_type})
 
     return metrics
+
+
+def readiness_endpoint(
+    *, queue_limit: float = DEFAULT_QUEUE_LIMIT
+) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """A route for readiness probes: 200 when the application can serve its waits, else
+    503, with a small JSON body naming each problem
+    (:func:`~purgatory_aio.integrations.readiness`: the lifespan has run, no purgatory is
+    shut down, the fan-out given to :class:`PurgatoryLifespan` is connected and its
+    publish queue below ``queue_limit`` of its size).
+
+    Usage: ``app.add_api_route("/ready", readiness_endpoint(), include_in_schema=False)``.
+    """
+    limit = check_queue_limit(queue_limit)
+
+    async def ready(request: Request) -> JSONResponse:
+        state = request.app.state
+        registry = getattr(state, "purgatories", None)
+        fanout = getattr(state, "fanout", None)
+        found = readiness(
+            registry if isinstance(registry, Purgatories) else None,
+            fanout if isinstance(fanout, Fanout) else None,
+            queue_limit=limit,
+        )
+        return JSONResponse(
+            found.as_dict(), status_code=found.status, headers={"cache-control": "no-store"}
+        )
+
+    return ready
