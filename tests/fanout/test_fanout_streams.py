@@ -315,3 +315,18 @@ def test_fanout_stream_is_a_value_stream() -> None:
     stream = fanout.stream(Purgatory("a"), "k", timeout=1)
     assert isinstance(stream, ValueStream) and stream.ended is None and stream.last is None
     assert "open" in repr(stream)
+
+
+async def test_a_cancel_or_a_shutdown_while_the_consumer_is_busy_ends_the_stream_next() -> None:
+    a = Purgatory("a")
+    async with a, MemoryFanout(None, a) as fanout:
+        fanout.advance("k", 1)
+        async with fanout.stream(a, "k", timeout=60) as values:
+            async for _value in values:
+                fanout.cancel("k")  # while the body runs: the next iteration stops
+        assert values.ended == "cancelled" and released(a)
+        async with fanout.stream(a, "k", timeout=60, after=0) as values:
+            fanout.advance("k", 2)
+            async for _value in values:
+                await a.shutdown()
+        assert values.ended == "shutdown" and released(a)
