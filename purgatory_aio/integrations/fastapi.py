@@ -37,6 +37,7 @@ try:
     from fastapi import HTTPException, Request
     from starlette.applications import Starlette
     from starlette.datastructures import MutableHeaders
+    from starlette.requests import HTTPConnection
     from starlette.responses import JSONResponse, Response
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised without the extra
@@ -284,8 +285,9 @@ def _find_purgatories(app: object) -> Purgatories | None:
 # -- dependencies ------------------------------------------------------------------------------
 
 
-async def get_purgatories(request: Request) -> Purgatories:
-    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`.
+async def get_purgatories(request: HTTPConnection) -> Purgatories:
+    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`
+    (in HTTP and WebSocket routes alike: ``request`` is either connection).
 
     A coroutine function, as every dependency here: FastAPI runs a plain ``def``
     dependency in its thread pool, a thread hop per request for a dictionary lookup.
@@ -293,7 +295,7 @@ async def get_purgatories(request: Request) -> Purgatories:
     return _registry(request)
 
 
-def _registry(request: Request) -> Purgatories:
+def _registry(request: HTTPConnection) -> Purgatories:
     registry = getattr(request.app.state, "purgatories", None)
     if isinstance(registry, Purgatories):
         return registry
@@ -321,15 +323,18 @@ def _has_purgatory_lifespan(app: object) -> bool:
 
 
 @functools.cache
-def purgatory_dependency(name: str | None = None) -> Callable[[Request], Awaitable[Purgatory]]:
-    """Dependency on the purgatory called ``name`` (the only one if ``None``).
+def purgatory_dependency(
+    name: str | None = None,
+) -> Callable[[HTTPConnection], Awaitable[Purgatory]]:
+    """Dependency on the purgatory called ``name`` (the only one if ``None``), in HTTP and
+    WebSocket routes alike.
 
     A coroutine function, so FastAPI calls it on the event loop (no thread pool).
     The same callable is returned for the same name, so tests can replace it:
     ``app.dependency_overrides[purgatory_dependency("fetch")] = lambda: test_purgatory``.
     """
 
-    async def dependency(request: Request) -> Purgatory:
+    async def dependency(request: HTTPConnection) -> Purgatory:
         registry = _registry(request)
         return registry.only() if name is None else registry[name]
 
@@ -436,8 +441,9 @@ async def wait_for_value(
         )
 
 
-def get_fanout(request: Request) -> Fanout:
-    """The fan-out given to the application's :class:`PurgatoryLifespan`."""
+def get_fanout(request: HTTPConnection) -> Fanout:
+    """The fan-out given to the application's :class:`PurgatoryLifespan` (``request``: an
+    HTTP request or a WebSocket)."""
     fanout = getattr(request.app.state, "fanout", None)
     if not isinstance(fanout, Fanout):
         raise RuntimeError(

@@ -6,30 +6,60 @@ open stream at once; many clients each get every maximum once, in order."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import httpx
+import pytest
 from aiohttp import web
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import StreamingResponse
 from http_support import HANG_GUARD, serve_aiohttp, serve_asgi, wait_until
+from starlette.requests import HTTPConnection
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import Fanout, MemoryFanout
+from purgatory_aio.fanout import Fanout, MemoryFanout, ValueStream
 from purgatory_aio.integrations.aiohttp import get_fanout as aiohttp_fanout
 from purgatory_aio.integrations.aiohttp import get_purgatory, setup_purgatories
 from purgatory_aio.integrations.fastapi import PurgatoryLifespan, get_fanout, get_purgatories
 
 
-def sse_app(purgatory: Purgatory, fanout: Fanout) -> FastAPI:
+async def push_until_closed(
+    values: ValueStream,
+    send: Callable[[float], Awaitable[object]],
+    close: Callable[[], Awaitable[object]],
+    until_closed: Callable[[], Awaitable[object]],
+) -> None:
+    """The WebSocket handlers' shape: push the stream's values while reading the client
+    until it closes; whichever ends first ends the other (and releases the stream)."""
+
+    async def push() -> None:
+        async with values:
+            async for value in values:
+                await send(value)
+        await close()
+
+    pushing = asyncio.create_task(push())
+    try:
+        await until_closed()
+    finally:
+        pushing.cancel()
+        await asyncio.gather(pushing, return_exceptions=True)
+
+
+def fastapi_app(purgatory: Purgatory, fanout: Fanout) -> FastAPI:
+    """Server-Sent Events at ``/progress/{key}``, a WebSocket at ``/ws/{key}``."""
     app = FastAPI(lifespan=PurgatoryLifespan(purgatory, fanout=fanout))
+
+    async def stream_of(connection: HTTPConnection, key: str) -> ValueStream:
+        purgatory = (await get_purgatories(connection)).only()
+        return get_fanout(connection).stream(purgatory, key, timeout=HANG_GUARD)
 
     @app.get("/progress/{key}")
     async def progress(request: Request, key: str) -> StreamingResponse:
-        values = get_fanout(request).stream(
-            (await get_purgatories(request)).only(), key, timeout=HANG_GUARD
-        )
+        values = await stream_of(request, key)
 
         async def events() -> AsyncIterator[str]:
             async with values:
@@ -37,6 +67,17 @@ def sse_app(purgatory: Purgatory, fanout: Fanout) -> FastAPI:
                     yield f"data: {value:g}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.websocket("/ws/{key}")
+    async def progress_ws(websocket: WebSocket, key: str) -> None:
+        values = await stream_of(websocket, key)
+        await websocket.accept()
+
+        async def until_closed() -> None:
+            while (await websocket.receive())["type"] != "websocket.disconnect":
+                pass
+
+        await push_until_closed(values, websocket.send_json, websocket.close, until_closed)
 
     return app
 
@@ -49,19 +90,11 @@ def ws_app(purgatory: Purgatory, fanout: Fanout) -> web.Application:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
 
-        async def push() -> None:
-            async with values:
-                async for value in values:
-                    await ws.send_json(value)
-            await ws.close()
-
-        pushing = asyncio.create_task(push())
-        try:
+        async def until_closed() -> None:
             async for _message in ws:
                 pass
-        finally:
-            pushing.cancel()
-            await asyncio.gather(pushing, return_exceptions=True)
+
+        await push_until_closed(values, ws.send_json, ws.close, until_closed)
         return ws
 
     app = web.Application()
@@ -81,7 +114,7 @@ async def read_events(response: httpx.Response, into: list[float], last: float) 
 async def test_sse_clients_each_get_every_maximum_once_in_order() -> None:
     purgatory, fanout = Purgatory("progress"), MemoryFanout()
     async with (
-        serve_asgi(sse_app(purgatory, fanout)) as served,
+        serve_asgi(fastapi_app(purgatory, fanout)) as served,
         httpx.AsyncClient(base_url=served.url, timeout=HANG_GUARD) as client,
     ):
         seen: list[list[float]] = [[] for _ in range(10)]
@@ -107,7 +140,7 @@ async def test_sse_clients_each_get_every_maximum_once_in_order() -> None:
 async def test_an_sse_client_leaving_an_idle_stream_releases_it() -> None:
     purgatory, fanout = Purgatory("progress"), MemoryFanout()
     async with (
-        serve_asgi(sse_app(purgatory, fanout)) as served,
+        serve_asgi(fastapi_app(purgatory, fanout)) as served,
         httpx.AsyncClient(base_url=served.url, timeout=HANG_GUARD) as client,
     ):
         async with client.stream("GET", "/progress/idle") as response:
@@ -121,7 +154,7 @@ async def test_an_sse_client_leaving_an_idle_stream_releases_it() -> None:
 async def test_stopping_the_server_ends_every_open_sse_stream() -> None:
     purgatory, fanout = Purgatory("progress"), MemoryFanout()
     async with (
-        serve_asgi(sse_app(purgatory, fanout)) as served,
+        serve_asgi(fastapi_app(purgatory, fanout)) as served,
         httpx.AsyncClient(base_url=served.url, timeout=HANG_GUARD) as client,
     ):
         ended = asyncio.Event()
@@ -175,4 +208,26 @@ async def test_stopping_the_aiohttp_server_closes_every_open_websocket() -> None
             for ws in sockets:
                 message = await ws.receive()
                 assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert purgatory.closed and purgatory.num_delayed == 0
+
+
+async def test_fastapi_websockets_end_with_the_server_and_release_clients_that_leave() -> None:
+    purgatory, fanout = Purgatory("progress"), MemoryFanout()
+    async with serve_asgi(fastapi_app(purgatory, fanout)) as served:
+        base = served.url.replace("http://", "ws://")
+        leaving = await connect(f"{base}/ws/job")
+        await wait_until(lambda: purgatory.num_delayed == 2, "the stream to wait")
+        fanout.advance("job", 3)
+        async with asyncio.timeout(HANG_GUARD):
+            assert await leaving.recv() == "3.0"
+        await leaving.close()
+        await wait_until(lambda: purgatory.num_delayed == 0, "the stream to be released")
+        staying = [await connect(f"{base}/ws/job") for _ in range(3)]
+        await wait_until(lambda: purgatory.num_delayed == 6, "the streams to wait")
+        await served.stop()
+        async with asyncio.timeout(HANG_GUARD):
+            for ws in staying:
+                with pytest.raises(ConnectionClosed):
+                    while True:
+                        await ws.recv()  # the current value first, then the close
         assert purgatory.closed and purgatory.num_delayed == 0
