@@ -26,6 +26,7 @@ from ._factory import ENV_FANOUT_URL as ENV_FANOUT_URL
 from ._factory import fanout_from_url as fanout_from_url
 from ._memory import MemoryFanout as MemoryFanout
 from ._memory import MemoryHub as MemoryHub
+from ._stream import ValueStream as ValueStream
 
 if TYPE_CHECKING:
     from ._postgres import PostgresFanout as PostgresFanout
@@ -50,6 +51,7 @@ __all__ = [
     "PostgresFanout",
     "RedisFanout",
     "ValueReached",
+    "ValueStream",
     "fanout_from_url",
 ]
 

@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final, Self, SupportsFloat
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self, SupportsFloat
 
 from .._logging import get_logger
 from .._operation import DelayedOperation
@@ -49,6 +49,9 @@ from .._relay import Receiver
 from .._relay import decode as decode
 from .._relay import encode as encode
 from .._validation import check_finite, check_positive_int, check_positive_seconds, check_seconds
+
+if TYPE_CHECKING:
+    from ._stream import ValueStream
 
 _log = get_logger("purgatory_aio.fanout")
 
@@ -356,6 +359,11 @@ class Fanout(BackendHost):
         return tuple(self._purgatories)
 
     @property
+    def queue_size(self) -> int:
+        """How many events may wait to be published (``stats().queued`` counts those that do)."""
+        return self._queue_size
+
+    @property
     def address(self) -> str:
         """The engine's address (password masked)."""
         return self.backend.address
@@ -489,6 +497,24 @@ class Fanout(BackendHost):
         except BaseException:
             op.cancel()
             raise
+
+    def stream(
+        self,
+        purgatory: Purgatory,
+        key: str,
+        *,
+        timeout: float,
+        after: SupportsFloat | None = None,
+    ) -> ValueStream:
+        """The successive values of ``key`` from any process, as a
+        :class:`~purgatory_aio.fanout.ValueStream` (an async iterator; use it with
+        ``async with``): each new maximum once, strictly increasing, none missed
+        between two iterations, until ``timeout`` seconds have passed on the purgatory's
+        clock, the key is cancelled, the purgatory shuts down or the stream is closed.
+        ``after``: yield only values above it (None: the current value first)."""
+        from ._stream import ValueStream
+
+        return ValueStream(self, purgatory, key, timeout=timeout, after=after)
 
     def value(self, key: str) -> float | None:
         """The highest value of ``key`` the attached purgatories know, or None.

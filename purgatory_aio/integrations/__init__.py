@@ -6,7 +6,9 @@ Framework-neutral pieces, importable without any extra:
   shut down with it;
 * :func:`watch_until_disconnected` and :func:`cancel_on_disconnect`, which
   withdraw a waiting operation the moment its client goes away, given a way to
-  hear about the disconnection (an :data:`OnDisconnect`).
+  hear about the disconnection (an :data:`OnDisconnect`);
+* :func:`readiness`, whether the application can serve its waits now (for
+  Kubernetes readiness probes and load balancers), as a :class:`Readiness`.
 
 The framework modules, :mod:`purgatory_aio.integrations.fastapi` and
 :mod:`purgatory_aio.integrations.aiohttp`, adapt these to their seams
@@ -26,16 +28,20 @@ from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory, PurgatoryStats
 from ..fanout import Fanout, ValueReached
+from ._health import Readiness as Readiness
+from ._health import readiness as readiness
 
 __all__ = [
     "ClientDisconnected",
     "OnDisconnect",
     "OperationCancelled",
     "Purgatories",
+    "Readiness",
     "already_disconnected",
     "cancel_on_disconnect",
     "make_request_id",
     "never_disconnected",
+    "readiness",
     "wait_for_value_until_disconnected",
     "watch_until_disconnected",
 ]

@@ -44,6 +44,7 @@ from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from ..fanout import Fanout
 from . import OnDisconnect, Purgatories, already_disconnected, make_request_id, never_disconnected
+from ._health import DEFAULT_QUEUE_LIMIT, check_queue_limit, readiness
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -60,6 +61,7 @@ __all__ = [
     "metrics_handler",
     "on_disconnect",
     "purgatory_key",
+    "readiness_handler",
     "request_context_middleware",
     "setup_purgatories",
     "wait_for_value",
@@ -417,3 +419,25 @@ def metrics_handler(registry: CollectorRegistry | None = None) -> Handler:
         return web.Response(body=encoder(target), headers={"Content-Type": content_type})
 
     return metrics
+
+
+def readiness_handler(*, queue_limit: float = DEFAULT_QUEUE_LIMIT) -> Handler:
+    """A handler for readiness probes: 200 when the application can serve its waits, else
+    503, with a small JSON body naming each problem
+    (:func:`~purgatory_aio.integrations.readiness`: :func:`setup_purgatories` has run and
+    the application started, no purgatory is shut down, the fan-out given to it is
+    connected and its publish queue below ``queue_limit`` of its size).
+
+    Usage: ``app.router.add_get("/ready", readiness_handler())``.
+    """
+    limit = check_queue_limit(queue_limit)
+
+    async def ready(request: web.Request) -> web.StreamResponse:
+        found = readiness(
+            request.config_dict.get(PURGATORIES), request.config_dict.get(FANOUT), queue_limit=limit
+        )
+        return web.json_response(
+            found.as_dict(), status=found.status, headers={"Cache-Control": "no-store"}
+        )
+
+    return ready

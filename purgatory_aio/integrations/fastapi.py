@@ -37,7 +37,8 @@ try:
     from fastapi import HTTPException, Request
     from starlette.applications import Starlette
     from starlette.datastructures import MutableHeaders
-    from starlette.responses import Response
+    from starlette.requests import HTTPConnection
+    from starlette.responses import JSONResponse, Response
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
@@ -52,6 +53,7 @@ from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from ..fanout import Fanout, FanoutUnavailable
 from . import OnDisconnect, Purgatories, make_request_id
+from ._health import DEFAULT_QUEUE_LIMIT, check_queue_limit, readiness
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -70,6 +72,7 @@ __all__ = [
     "metrics_endpoint",
     "on_disconnect",
     "purgatory_dependency",
+    "readiness_endpoint",
     "wait_for_value",
     "watch_and_wait",
 ]
@@ -282,8 +285,9 @@ def _find_purgatories(app: object) -> Purgatories | None:
 # -- dependencies ------------------------------------------------------------------------------
 
 
-async def get_purgatories(request: Request) -> Purgatories:
-    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`.
+async def get_purgatories(request: HTTPConnection) -> Purgatories:
+    """Dependency: the application's :class:`~purgatory_aio.integrations.Purgatories`
+    (in HTTP and WebSocket routes alike: ``request`` is either connection).
 
     A coroutine function, as every dependency here: FastAPI runs a plain ``def``
     dependency in its thread pool, a thread hop per request for a dictionary lookup.
@@ -291,7 +295,7 @@ async def get_purgatories(request: Request) -> Purgatories:
     return _registry(request)
 
 
-def _registry(request: Request) -> Purgatories:
+def _registry(request: HTTPConnection) -> Purgatories:
     registry = getattr(request.app.state, "purgatories", None)
     if isinstance(registry, Purgatories):
         return registry
@@ -319,15 +323,18 @@ def _has_purgatory_lifespan(app: object) -> bool:
 
 
 @functools.cache
-def purgatory_dependency(name: str | None = None) -> Callable[[Request], Awaitable[Purgatory]]:
-    """Dependency on the purgatory called ``name`` (the only one if ``None``).
+def purgatory_dependency(
+    name: str | None = None,
+) -> Callable[[HTTPConnection], Awaitable[Purgatory]]:
+    """Dependency on the purgatory called ``name`` (the only one if ``None``), in HTTP and
+    WebSocket routes alike.
 
     A coroutine function, so FastAPI calls it on the event loop (no thread pool).
     The same callable is returned for the same name, so tests can replace it:
     ``app.dependency_overrides[purgatory_dependency("fetch")] = lambda: test_purgatory``.
     """
 
-    async def dependency(request: Request) -> Purgatory:
+    async def dependency(request: HTTPConnection) -> Purgatory:
         registry = _registry(request)
         return registry.only() if name is None else registry[name]
 
@@ -447,8 +454,9 @@ def _route_template(request: Request) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
-def get_fanout(request: Request) -> Fanout:
-    """The fan-out given to the application's :class:`PurgatoryLifespan`."""
+def get_fanout(request: HTTPConnection) -> Fanout:
+    """The fan-out given to the application's :class:`PurgatoryLifespan` (``request``: an
+    HTTP request or a WebSocket)."""
     fanout = getattr(request.app.state, "fanout", None)
     if not isinstance(fanout, Fanout):
         raise RuntimeError(
@@ -580,3 +588,32 @@ def metrics_endpoint(
         return Response(encoder(target), headers={"content-type": content_type})
 
     return metrics
+
+
+def readiness_endpoint(
+    *, queue_limit: float = DEFAULT_QUEUE_LIMIT
+) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """A route for readiness probes: 200 when the application can serve its waits, else
+    503, with a small JSON body naming each problem
+    (:func:`~purgatory_aio.integrations.readiness`: the lifespan has run, no purgatory is
+    shut down, the fan-out given to :class:`PurgatoryLifespan` is connected and its
+    publish queue below ``queue_limit`` of its size).
+
+    Usage: ``app.add_api_route("/ready", readiness_endpoint(), include_in_schema=False)``.
+    """
+    limit = check_queue_limit(queue_limit)
+
+    async def ready(request: Request) -> JSONResponse:
+        state = request.app.state
+        registry = getattr(state, "purgatories", None)
+        fanout = getattr(state, "fanout", None)
+        found = readiness(
+            registry if isinstance(registry, Purgatories) else None,
+            fanout if isinstance(fanout, Fanout) else None,
+            queue_limit=limit,
+        )
+        return JSONResponse(
+            found.as_dict(), status_code=found.status, headers={"cache-control": "no-store"}
+        )
+
+    return ready
