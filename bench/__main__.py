@@ -11,6 +11,7 @@ python -m bench fanout [--quick]  # bench.fanout, completion across processes, R
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
 python -m bench w1-cost           # bench.w1_cost, W1-user's instructions per operation (valgrind)
+python -m bench calls             # bench.calls, the calls of one admission and one completion
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ DELEGATED = {
     ),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
     "w1-cost": ("bench.w1_cost", "where W1-user's instructions go (callgrind, deterministic)"),
+    "calls": ("bench.calls", "the calls of one admission and one completion (pure build)"),
 }
 SUITE = ("w1", "w1-user", "w1-check", "w2", "w3", "w4", "w5", "memory", "sweep")
 

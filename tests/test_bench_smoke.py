@@ -302,3 +302,34 @@ def test_w1_cost_reads_the_compiled_functions_off_callgrind_annotate() -> None:
         "_purgatory___Purgatory___try_complete_else_watch": 5_796_200,
         "_lifecycle___Lifecycle___watch": 345_942,
     }
+
+
+def test_calls_traces_one_admission_and_one_completion_on_the_pure_build() -> None:
+    # Run as the docs say (the pure source of this install): the traced legs settle
+    # their operations, and the counts come out in the shape the closing notes quote.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PURGATORY_AIO_NO_EXTENSIONS": "1", "PYTHONSAFEPATH": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "calls"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = {line.split()[1]: line for line in run.stdout.splitlines() if line.startswith("> ")}
+    assert set(lines) == {"admission", "completion"}
+    for line in lines.values():
+        assert " calls in " in line and "files of the library" in line
+
+
+def test_calls_refuses_the_compiled_build(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(purgatory_aio, "compiled", True)
+    assert cli.main(["calls"]) == 2
+    assert "PURGATORY_AIO_NO_EXTENSIONS=1" in capsys.readouterr().err
