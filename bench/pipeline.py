@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import RESULTS_DIR, make_record, write_record
+from purgatory_aio.events import FIELDS, Kind
 
 DEFAULT_EVENTS = 10_000_000
 QUICK_EVENTS = 1_000_000
@@ -288,11 +289,16 @@ def to_json_lines(parquet_dir: Path, json_dir: Path) -> float:
     return time.perf_counter() - started
 
 
-_JSON_COLUMNS = (
-    "{purgatory: 'VARCHAR', op_type: 'VARCHAR', op_id: 'BIGINT', keys: 'VARCHAR[]', "
-    "created_at: 'DOUBLE', deadline: 'DOUBLE', settled_at: 'DOUBLE', outcome: 'VARCHAR', "
-    "error: 'VARCHAR', producer: 'VARCHAR'}"
-)
+#: DuckDB's type for each kind of event log column.
+DUCKDB_TYPES: dict[Kind, str] = {
+    "string": "VARCHAR",
+    "int64": "BIGINT",
+    "double": "DOUBLE",
+    "list<string>": "VARCHAR[]",
+}
+
+#: The columns DuckDB reads JSON Lines with, from the library's one definition.
+_JSON_COLUMNS = "{" + ", ".join(f"{f.name}: '{DUCKDB_TYPES[f.kind]}'" for f in FIELDS) + "}"
 
 
 def _source(log_dir: Path, fmt: str) -> str:

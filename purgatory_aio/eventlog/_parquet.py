@@ -5,32 +5,37 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from purgatory_aio.eventlog._base import QueuedEventWriter
-from purgatory_aio.events import COLUMNS, OperationEvent
+from purgatory_aio.events import FIELDS, EventField, Kind, OperationEvent
 
 PYARROW_MISSING = "ParquetWriter needs pyarrow: pip install 'purgatory-aio[parquet]'"
 
 
-def arrow_schema() -> Any:
-    """The Arrow schema of the event log (imports pyarrow)."""
+def arrow_type(kind: Kind) -> Any:
+    """The Arrow type of a column of this kind (imports pyarrow)."""
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            pa.field("purgatory", pa.string(), nullable=False),
-            pa.field("op_type", pa.string(), nullable=False),
-            pa.field("op_id", pa.int64(), nullable=False),
-            pa.field("keys", pa.list_(pa.string()), nullable=False),
-            pa.field("created_at", pa.float64(), nullable=False),
-            pa.field("deadline", pa.float64(), nullable=False),
-            pa.field("settled_at", pa.float64(), nullable=False),
-            pa.field("outcome", pa.string(), nullable=False),
-            pa.field("error", pa.string(), nullable=True),
-            pa.field("producer", pa.string(), nullable=True),
-        ]
-    )
+    match kind:
+        case "string":
+            return pa.string()
+        case "int64":
+            return pa.int64()
+        case "double":
+            return pa.float64()
+        case "list<string>":
+            return pa.list_(pa.string())
+        case _:
+            assert_never(kind)
+
+
+def arrow_schema(fields: Sequence[EventField] = FIELDS) -> Any:
+    """The Arrow schema of the event log, from :data:`purgatory_aio.events.FIELDS`
+    (imports pyarrow)."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.name, arrow_type(f.kind), nullable=f.nullable) for f in fields])
 
 
 class ParquetWriter(QueuedEventWriter[Any]):
@@ -89,7 +94,7 @@ class ParquetWriter(QueuedEventWriter[Any]):
 
     def _encode(self, events: Sequence[OperationEvent]) -> Any:
         pa = self._pa
-        columns = list(zip(*events, strict=True)) if events else [()] * len(COLUMNS)
+        columns = list(zip(*events, strict=True)) if events else [()] * len(self._schema)
         arrays = [
             pa.array(values, type=field.type, from_pandas=False)
             for values, field in zip(columns, self._schema, strict=True)

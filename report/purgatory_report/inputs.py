@@ -12,10 +12,11 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 from urllib.parse import urlparse
 
-from purgatory_aio.events import COLUMNS, OUTCOMES
+from purgatory_aio.events import COLUMNS, FIELDS, OUTCOMES, Kind
+from purgatory_aio.events import REQUIRED as REQUIRED  # the columns every event must fill
 from purgatory_report.errors import ReportError, missing_dependency
 
 try:
@@ -25,6 +26,7 @@ try:
     from pyspark.sql import functions as F
     from pyspark.sql.types import (
         ArrayType,
+        DataType,
         DoubleType,
         LongType,
         StringType,
@@ -37,27 +39,27 @@ except ImportError as exc:
 PARQUET_SUFFIXES = (".parquet",)
 JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 
-#: The event log schema as Spark sees it; JSON is read with it, never inferred.
-EVENT_SCHEMA = StructType(
-    [
-        StructField("purgatory", StringType()),
-        StructField("op_type", StringType()),
-        StructField("op_id", LongType()),
-        StructField("keys", ArrayType(StringType())),
-        StructField("created_at", DoubleType()),
-        StructField("deadline", DoubleType()),
-        StructField("settled_at", DoubleType()),
-        StructField("outcome", StringType()),
-        StructField("error", StringType()),
-        StructField("producer", StringType()),
-    ]
-)
-assert tuple(EVENT_SCHEMA.names) == COLUMNS
 
-#: Columns every event must have a value for (``error`` is null unless it failed;
-#: ``producer`` is absent from logs written before writers stamped it).
-OPTIONAL = ("error", "producer")
-REQUIRED = tuple(name for name in COLUMNS if name not in OPTIONAL)
+def spark_type(kind: Kind) -> DataType:
+    """The Spark type a column of this kind is read as."""
+    match kind:
+        case "string":
+            return StringType()
+        case "int64":
+            return LongType()
+        case "double":
+            return DoubleType()
+        case "list<string>":
+            return ArrayType(StringType())
+        case _:
+            assert_never(kind)
+
+
+#: The event log schema as Spark sees it, from the library's one definition
+#: (:data:`purgatory_aio.events.FIELDS`); JSON is read with it, never inferred. Every
+#: column is nullable here: a missing required value is found and reported by
+#: :func:`check_results`, not refused by Spark.
+EVENT_SCHEMA = StructType([StructField(f.name, spark_type(f.kind)) for f in FIELDS])
 
 #: Marker files in which the writers record how many records they dropped.
 DROP_MARKER = re.compile(r"_dropped-[0-9A-Za-z-]+\.json")
@@ -82,18 +84,30 @@ def _is_text_list(arrow_type: object) -> bool:
     return bool(is_list and _is_text(arrow_type.value_type))  # type: ignore[attr-defined]
 
 
-# What a Parquet event file may use per column, and the name of the type to ask for.
+def _parquet_accepts(kind: Kind) -> Callable[[object], bool]:
+    """Whether an Arrow type found in a Parquet file can be read as this kind."""
+    match kind:
+        case "string":
+            return _is_text
+        case "int64":
+            return lambda t: bool(pa.types.is_int64(t))
+        case "double":
+            return lambda t: bool(pa.types.is_float64(t))
+        case "list<string>":
+            return _is_text_list
+        case _:
+            assert_never(kind)
+
+
+def _or_null(accepts: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda t: accepts(t) or bool(pa.types.is_null(t))
+
+
+# What a Parquet event file may use per column, and the name of the type to ask for: a
+# nullable column may also be all nulls (Arrow's null type).
 _PARQUET_TYPES: dict[str, tuple[str, Callable[[object], bool]]] = {
-    "purgatory": ("string", _is_text),
-    "op_type": ("string", _is_text),
-    "op_id": ("int64", lambda t: bool(pa.types.is_int64(t))),
-    "keys": ("list<string>", _is_text_list),
-    "created_at": ("double", lambda t: bool(pa.types.is_float64(t))),
-    "deadline": ("double", lambda t: bool(pa.types.is_float64(t))),
-    "settled_at": ("double", lambda t: bool(pa.types.is_float64(t))),
-    "outcome": ("string", _is_text),
-    "error": ("string", lambda t: _is_text(t) or bool(pa.types.is_null(t))),
-    "producer": ("string", lambda t: _is_text(t) or bool(pa.types.is_null(t))),
+    f.name: (f.kind, _or_null(_parquet_accepts(f.kind)) if f.nullable else _parquet_accepts(f.kind))
+    for f in FIELDS
 }
 
 
@@ -558,28 +572,17 @@ def _display(uri: object) -> str:
     return text[len("file:") :].replace("///", "/", 1) if text.startswith("file:") else text
 
 
-_JSON_KINDS: dict[str, tuple[str, Callable[[object], bool]]] = {
+# What a JSON value of each kind of column must be, and how to say so.
+_JSON_KINDS: dict[Kind, tuple[str, Callable[[object], bool]]] = {
     "string": ("a string", lambda v: isinstance(v, str)),
-    "integer": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "number": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
-    "strings": (
+    "int64": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "double": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "list<string>": (
         "a list of strings",
         lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     ),
 }
-_FIELD_KINDS = {
-    "purgatory": "string",
-    "op_type": "string",
-    "op_id": "integer",
-    "keys": "strings",
-    "created_at": "number",
-    "deadline": "number",
-    "settled_at": "number",
-    "outcome": "string",
-    "error": "string",
-    "producer": "string",
-}
-assert tuple(_FIELD_KINDS) == COLUMNS
+_FIELD_KINDS: dict[str, Kind] = {f.name: f.kind for f in FIELDS}
 
 #: Lines :func:`describe_json_problem` reads before giving up looking.
 _SCAN_LIMIT = 10_000_000

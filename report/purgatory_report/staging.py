@@ -56,7 +56,7 @@ from typing import IO, Any
 
 import structlog
 
-from purgatory_aio.events import COLUMNS
+from purgatory_aio.eventlog import arrow_schema
 from purgatory_report.errors import ReportError, missing_dependency
 
 try:
@@ -70,22 +70,10 @@ except ImportError as exc:
 
 _log = structlog.get_logger(__name__)
 
-#: The event log schema as Arrow reads it (the same types as the Spark schema).
-ARROW_SCHEMA = pa.schema(
-    [
-        ("purgatory", pa.string()),
-        ("op_type", pa.string()),
-        ("op_id", pa.int64()),
-        ("keys", pa.list_(pa.string())),
-        ("created_at", pa.float64()),
-        ("deadline", pa.float64()),
-        ("settled_at", pa.float64()),
-        ("outcome", pa.string()),
-        ("error", pa.string()),
-        ("producer", pa.string()),
-    ]
-)
-assert tuple(ARROW_SCHEMA.names) == COLUMNS
+#: The event log schema as Arrow reads it: the writers' schema (the library's one
+#: definition), with every column nullable, as in the Spark schema (a missing required
+#: value is counted and reported, not refused by the parser).
+ARROW_SCHEMA = pa.schema([field.with_nullable(True) for field in arrow_schema()])
 
 #: Uncompressed files are cut into ranges of this many bytes, one worker task each,
 #: so one large file still keeps every worker busy (Spark's own split size).
