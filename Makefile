@@ -183,9 +183,18 @@ lint: install
 # --- documentation -----------------------------------------------------------------
 # The site from docs/ into site/. --strict makes every warning an error: a broken link
 # or anchor, a page missing from the nav, a reference mkdocstrings cannot resolve.
-# mkdocstrings reads the checkout's source statically, so either build documents it.
-docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+# mkdocstrings reads the checkout's source statically (never imports it), so the site
+# needs neither the library nor any other extra: .venv-docs holds the requirements of
+# the library's `docs` extra alone, read from pyproject.toml.
+DOCS_VENV := .venv-docs
+$(DOCS_VENV)/.installed: pyproject.toml | $(DOCS_VENV)/bin/python
+	$(DOCS_VENV)/bin/python -c 'import subprocess, sys, tomllib; \
+	  docs = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]; \
+	  sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *docs]))'
+	touch $@
+
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
 
 # --- running -----------------------------------------------------------------------
 bench: $(RUN_VENV)/.installed
@@ -219,4 +228,4 @@ demo: $(RUN_VENV)/.installed
 	$(RUN)/python -m examples.demo
 
 clean:
-	rm -rf $(VENV) $(foreach version,$(MATRIX_VERSIONS),.venv-$(version)) $(DIST) build site .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(DOCS_VENV) $(foreach version,$(MATRIX_VERSIONS),.venv-$(version)) $(DIST) build site .pytest_cache .mypy_cache .ruff_cache .hypothesis

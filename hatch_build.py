@@ -145,6 +145,7 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
         extensions = mypycify(sources, opt_level="3", debug_level="0")
         _clear_weakrefs_on_dealloc(extensions)
         _carry_docs(extensions, docs["c"])
+        _show_init_signatures(extensions)
         extensions += [
             Extension(f"{_PACKAGE}.{name}", [f"{_PACKAGE}/{name}.c"], extra_compile_args=["-O2"])
             for name in NATIVE_MODULES
@@ -358,6 +359,50 @@ def _carry_docs(extensions: list[Any], docs: dict[str, dict[str, str]]) -> None:
             "this mypyc version writes its method tables differently: the docstrings of "
             f"{', '.join(f'{prefix}.{name}' for prefix, name in missing)} could not be "
             f"placed by {Path(__file__).name}"
+        )
+
+
+#: A class's ``__init__`` in its method table, and the definition of the wrapper it names.
+_INIT_ENTRY = re.compile(
+    r'(?P<head>\{"__init__",\s*\(PyCFunction\)(?P<wrapper>CPyPy_\w+_____init__),\s*)'
+    r"(?P<flags>[\w |]+),"
+)
+_INIT_WRAPPER = "PyObject *{}(PyObject *self, PyObject *args, PyObject *kw) {{"
+
+
+def _show_init_signatures(extensions: list[Any]) -> None:
+    """Make ``help(Class.__init__)`` show a compiled class's parameters.
+
+    mypyc lists each ``__init__`` in its class's method table with the text signature
+    of its parameters, but ``PyType_Ready`` puts the generic slot wrapper there first
+    (``(self, /, *args, **kwargs)``) and keeps it. ``METH_COEXIST`` makes the listed
+    method replace it in the class's dict; the C slot that constructs instances stays
+    mypyc's own. The flags also become ``METH_VARARGS``: mypyc writes that wrapper with
+    a tuple and a dict of arguments (as the slot calls it), not the fast-call convention
+    its entry claims, which the checks below hold it to.
+    """
+    found = 0
+    for extension in extensions:
+        for source in extension.sources:
+            path = Path(source)
+            text = path.read_text()
+
+            def coexist(match: re.Match[str], text: str = text) -> str:
+                if _INIT_WRAPPER.format(match["wrapper"]) not in text:
+                    raise BuildError(
+                        f"this mypyc version writes {match['wrapper']} differently: "
+                        f"{Path(__file__).name} cannot list it as __init__"
+                    )
+                return f"{match['head']}METH_VARARGS | METH_KEYWORDS | METH_COEXIST,"
+
+            patched, count = _INIT_ENTRY.subn(coexist, text)
+            found += count
+            if count:
+                path.write_text(patched)
+    if not found:
+        raise BuildError(
+            "this mypyc version lists no __init__ in its method tables: "
+            f"{Path(__file__).name} cannot give help() their signatures"
         )
 
 

@@ -132,3 +132,20 @@ def test_every_reference_entry_names_something_that_exists() -> None:
     for entry in _documented_entries():
         assert entry.split(".")[0] in PACKAGE_ROOTS, f"{entry}: not this project's"
         assert entry in PUBLIC_MODULES, f"::: {entry} is not a public module"
+
+
+#: What an application of the fan-out uses: its reference page opens with these.
+FANOUT_API = ["Fanout", "PostgresFanout", "RedisFanout", "fanout_from_url"]
+#: The internals an engine is built from: after them on the page.
+FANOUT_INTERNALS = {"FanoutBackend", "BackendHost", "Event", "ABANDON_AFTER"}
+
+
+def test_the_fanout_reference_opens_with_what_an_application_uses() -> None:
+    """The page lists the module's members in its ``__all__`` order, not by kind (which
+    would put the constants, ``ABANDON_AFTER`` among them, first)."""
+    page = (REFERENCE / "fanout.md").read_text(encoding="utf-8")
+    assert re.search(r"^\s+members_order: __all__$", page, re.MULTILINE)
+    assert re.search(r"^\s+group_by_category: false$", page, re.MULTILINE)
+    exports = _exports(_module("purgatory_aio.fanout"))
+    assert exports[: len(FANOUT_API)] == FANOUT_API
+    assert set(exports) >= FANOUT_INTERNALS

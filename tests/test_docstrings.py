@@ -62,16 +62,22 @@ def _signature(obj: Any) -> list[Any] | str:
 
 
 def _documented(cls: type, names: list[str] | None = None) -> dict[str, Any]:
-    """A class's own members that help() shows: public ones, and documented dunders
-    (``names``: these members instead, as the reference found them)."""
+    """A class's own members that help() shows: public ones, its ``__init__`` (whose
+    parameters help() shows), and documented dunders (``names``: these members instead,
+    as the reference found them)."""
     members = {}
     for name in list(vars(cls)) if names is None else names:
         raw = inspect.getattr_static(cls, name, None)
         # A compiled class's properties are getset descriptors.
         attribute = isinstance(raw, property) or inspect.isgetsetdescriptor(raw)
+        shown = (
+            name == "__init__"
+            or not name.startswith("_")
+            or bool(name.startswith("__") and _doc(cls, name))
+        )
         if names is None and (
             not (attribute or isinstance(raw, staticmethod | classmethod) or callable(raw))
-            or (name.startswith("_") and not (name.startswith("__") and _doc(cls, name)))
+            or not shown
         ):
             continue
         if attribute:
@@ -192,6 +198,40 @@ def test_help_shows_the_docstrings_and_signatures() -> None:
     op_text = _unwrapped(pydoc.render_doc(DelayedOperation, renderer=pydoc.plaintext))
     assert "outcome\n |      How it left *pending*" in op_text
     assert "force_complete(self" in op_text
+
+
+def test_help_on_init_shows_the_parameters_of_every_public_class(
+    reference: dict[str, Any],
+) -> None:
+    """On either build, ``help(cls.__init__)`` of every public class defining one shows the
+    pure source's parameters: on the compiled one, not the slot wrapper's generic
+    ``(self, /, *args, **kwargs)``."""
+    inits = {
+        key: described["members"]["__init__"]["signature"]
+        for key, described in reference.items()
+        if "__init__" in described.get("members", {})
+    }
+    assert {"purgatory_aio.DelayedOperation", "purgatory_aio.Purgatory"} <= set(inits)
+    for key, expected in inits.items():
+        module, _, name = key.rpartition(".")
+        init = getattr(importlib.import_module(module), name).__init__
+        assert json.loads(json.dumps(_signature(init))) == expected, key
+        # 3.13's pydoc breaks a long signature into a line per parameter: one line again.
+        text = re.sub(
+            r"(?<=[(,])\n\s+|\n(?=\))", "", pydoc.render_doc(init, renderer=pydoc.plaintext)
+        )
+        # A Protocol's is typing's own, under its own name.
+        line = next(line for line in text.splitlines() if re.match(r"\w+\(self", line))
+        for param, _, _ in expected[1:]:
+            assert re.search(rf"[(,]\s*\**{param}\b", line), (key, param, line)
+        if not any(kind.startswith("VAR_") for _, kind, _ in expected):
+            assert "*args" not in line and "**kwargs" not in line, (key, line)
+    from purgatory_aio import DelayedOperation
+
+    assert list(inspect.signature(DelayedOperation).parameters) == ["timeout"]
+    text = pydoc.render_doc(DelayedOperation.__init__, renderer=pydoc.plaintext)
+    assert "*args" not in text
+    assert re.search(r"__init__\(self, (/, )?timeout\b", text)
 
 
 def test_signatures_of_bound_methods_leave_self_out() -> None:

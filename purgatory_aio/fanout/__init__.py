@@ -33,26 +33,29 @@ if TYPE_CHECKING:
     from ._redis import ENV_URL as ENV_URL
     from ._redis import RedisFanout as RedisFanout
 
-__all__ = [
-    "ABANDON_AFTER",
+# In the order of the API reference (members_order: __all__): what an application uses
+# first, then the in-process engine, the statistics and errors, and last the internals
+# an engine is built from.
+__all__ = [  # noqa: RUF022
+    "Fanout",
+    "PostgresFanout",
+    "RedisFanout",
+    "fanout_from_url",
     "ENV_FANOUT_URL",
     "ENV_URL",
+    "MemoryFanout",
+    "MemoryHub",
+    "ValueReached",
+    "ValueStream",
     "MAX_LABELS",
     "MAX_LABEL_CHARS",
-    "BackendHost",
-    "Event",
-    "Fanout",
-    "FanoutBackend",
     "FanoutStats",
     "FanoutUnavailable",
     "MalformedMessage",
-    "MemoryFanout",
-    "MemoryHub",
-    "PostgresFanout",
-    "RedisFanout",
-    "ValueReached",
-    "ValueStream",
-    "fanout_from_url",
+    "FanoutBackend",
+    "BackendHost",
+    "Event",
+    "ABANDON_AFTER",
 ]
 
 
