@@ -25,7 +25,10 @@ started on a free port from Debian's package):
   publish to the last completion, for both libraries.
 * engine-specific figures (Redis: receiving and filtering one message that
   concerns no local key on the single channel vs a SUBSCRIBE + UNSUBSCRIBE pair
-  per watched key).
+  per watched key; PostgreSQL: the advance in the caller's own transaction,
+  ``advance_in``, against the same write committed and then ``advance_confirmed``
+  in a second transaction, and against ``advance_confirmed`` alone: p50/p99 of the
+  write path and of the wait it completes in another member).
 
 Another engine is one more :class:`Engine` in :data:`ENGINES`.
 Records go to ``bench/results/fanout/`` (not into the main summary).
@@ -43,7 +46,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import Fanout, MemoryFanout, PostgresFanout, RedisFanout, ValueReached
@@ -365,6 +368,85 @@ def _postgres_fanout(url: str, purgatories: tuple[Purgatory, ...], subscribe: bo
     return PostgresFanout(url, *purgatories, subscribe=subscribe, prefix=f"bench_{RUN}")
 
 
+async def _transactional_advance(url: str, n: int) -> dict[str, float]:
+    """The user's write (``UPDATE orders``) and the advance that tells the waiters, three ways,
+    on the user's own asyncpg connection: in one transaction (``advance_in``), as two (the
+    write committed, then ``advance_confirmed``), and ``advance_confirmed`` alone. Timed
+    twice: the write path alone (what a handler waits for before answering), and from its
+    start to the wait it completes resuming in another member."""
+    import asyncpg
+
+    a, b = Purgatory("bench-tx-a"), Purgatory("bench-tx-b")
+    fa = _postgres_fanout(url, (a,), True)
+    fb = cast(PostgresFanout, _postgres_fanout(url, (b,), False))
+    orders = f"bench_orders_{RUN}"
+    conn = await asyncpg.connect(url)
+    await conn.execute(f"CREATE TABLE {orders} (id text PRIMARY KEY, version bigint NOT NULL)")
+    await conn.execute(f"INSERT INTO {orders} VALUES ('o', 0)")
+    update = f"UPDATE {orders} SET version = version + 1 WHERE id = 'o'"
+
+    async def write() -> None:
+        await conn.execute(update)
+
+    async def in_transaction(key: str) -> None:
+        async with conn.transaction():
+            await conn.execute(update)
+            await fb.advance_in(conn, key, 1)
+
+    async def two_transactions(key: str) -> None:
+        await conn.execute(update)
+        await fb.advance_confirmed(key, 1)
+
+    async def confirmed_alone(key: str) -> None:
+        await fb.advance_confirmed(key, 1)
+
+    ways: dict[str, Callable[[str], Awaitable[None]]] = {
+        "advance_in": in_transaction,
+        "two_transactions": two_transactions,
+        "advance_confirmed": confirmed_alone,
+    }
+    figures: dict[str, float] = {}
+    try:
+        async with a, b, fa, fb:
+            for way, trigger in ways.items():  # warm the statements and connections
+                for i in range(20):
+                    await trigger(f"warm:{RUN}:{way}:{i}")
+            write_path = {"write_alone": [await _timed(write()) for _ in range(n)]}
+            for way, trigger in ways.items():
+                write_path[way] = sorted(
+                    [await _timed(trigger(f"tx:{RUN}:{way}:{i}")) for i in range(n)]
+                )
+            to_waiter = {way: await _latency(a, fa, trigger, n) for way, trigger in ways.items()}
+    finally:
+        await conn.execute(f"DROP TABLE {orders}")
+        await conn.close()
+    for q in ("p50", "p99"):
+        level = 0.5 if q == "p50" else 0.99
+        path = {way: quantile(sorted(v), level) * 1e6 for way, v in write_path.items()}
+        waiter = {way: quantile(v, level) * 1e6 for way, v in to_waiter.items()}
+        figures.update({f"write_path_{way}_{q}_us": v for way, v in path.items()})
+        figures.update({f"to_waiter_{way}_{q}_us": v for way, v in waiter.items()})
+        # What the advance adds to the user's write, each way; and the ratios between them.
+        added_in = path["advance_in"] - path["write_alone"]
+        added_two = path["two_transactions"] - path["write_alone"]
+        figures[f"added_{q}_advance_in_us"] = added_in
+        figures[f"added_{q}_two_transactions_us"] = added_two
+        figures[f"added_{q}_advance_in_vs_two_transactions"] = ratio(added_in, added_two) or 0.0
+        figures[f"added_{q}_advance_in_vs_advance_confirmed"] = (
+            ratio(added_in, path["advance_confirmed"]) or 0.0
+        )
+        figures[f"to_waiter_{q}_advance_in_vs_two_transactions"] = (
+            ratio(waiter["advance_in"], waiter["two_transactions"]) or 0.0
+        )
+    return figures
+
+
+async def _timed(step: Awaitable[None]) -> float:
+    started = time.perf_counter()
+    await step
+    return time.perf_counter() - started
+
+
 ENGINES: dict[str, Engine] = {
     "redis": Engine(
         name="redis",
@@ -381,6 +463,7 @@ ENGINES: dict[str, Engine] = {
         # broadcaster's PostgreSQL backend publishes on its one asyncpg connection, which
         # runs one statement at a time: concurrent publishes fail there.
         broadcaster_serial=True,
+        extra=_transactional_advance,
     ),
 }
 
@@ -428,7 +511,7 @@ def _engine_rows(name: str, results: dict[str, Any]) -> tuple[dict[str, Any], li
             " / ".join(f"{v['p50']:.0f}/{v['p99']:.0f}" for v in lat.values()),
         ),
         (f"{name} events/s " + " / ".join(rate), " / ".join(f"{v:.0f}" for v in rate.values())),
-        *((f"{name} {k}", f"{v:.1f}") for k, v in results["extra"].items()),
+        *((f"{name} {k}", f"{v:.2f}") for k, v in results["extra"].items()),
     ]
     return ratios, headline
 

@@ -568,7 +568,8 @@ class PostgresBackend(FanoutBackend):
                 raise
         values: dict[str, float] = {}
         for key, value in rows:
-            if value is None or not -_INF < value < _INF:
+            # Not a float: the column's type was changed under us (text, numeric...).
+            if type(value) is not float or not -_INF < value < _INF:
                 host.foreign_value(key, value)
             else:
                 values[key] = value

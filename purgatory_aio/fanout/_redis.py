@@ -65,15 +65,21 @@ ENV_URL = "PURGATORY_AIO_REDIS_URL"
 
 # Raise the stored value to max(old, new) and announce it; a replay or a lower value is
 # neither stored nor published (everyone has seen a value at least as high, or will at
-# their next resync). A stored value that is not a number is someone else's: refused.
+# their next resync). A stored value that is not a number is someone else's: refused (Lua
+# reads hexadecimal as a number, Python does not: refused too). A NaN or an infinity,
+# which this fan-out never writes and members never apply, is replaced, as PostgreSQL's
+# upsert does: otherwise a stored +inf would absorb every advance, acknowledged or not.
 _ADVANCE_LUA = """
 local old = redis.call('GET', KEYS[1])
 if old then
   local number = tonumber(old)
-  if number == nil then
+  if number == nil or string.find(old, '[xX]') then
     return redis.error_reply('FOREIGN the key holds a value that is not a number')
   end
-  if number >= tonumber(ARGV[1]) then return 0 end
+  if number == number and number < math.huge and number > -math.huge
+      and number >= tonumber(ARGV[1]) then
+    return 0
+  end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('PUBLISH', KEYS[2], ARGV[2])

@@ -30,6 +30,7 @@ from purgatory_aio.fanout import (
     MemoryHub,
     RedisFanout,
     ValueReached,
+    fanout_from_url,
 )
 from purgatory_aio.fanout._memory import MemoryBackend
 
@@ -485,3 +486,53 @@ async def test_stop_is_bounded_and_leaves_no_task_behind_when_cancellation_is_sw
             )
         )
     assert loop_errors == []
+
+
+#: Every shape of a malformed engine URL, each with the password it must never show.
+MALFORMED_URLS = [
+    "",
+    "postgresql:/user:hunter2@127.0.0.1:5432/app",  # one slash
+    "postgresql:user:hunter2@127.0.0.1/app",  # none
+    "postgresql//user:hunter2@127.0.0.1/app",  # no colon
+    " postgresql://user:hunter2@127.0.0.1/app",  # a space before the scheme
+    "postgresql:///app",  # no host
+    "postgresql://user:hunter2@127.0.0.1:notaport/app",
+    "postgresql://user:hunter2@127.0.0.1:0/app",
+    "postgresql://user:hunter2@127.0.0.1:-1/app",
+    "postgresql://user:hunter2@127.0.0.1:70000/app",
+    "postgresql://user:hunter2@[::1/app",  # an unclosed IPv6 address
+    "postgresql://user:hunter2@127.0.0.1/app?schema=x%3Bdrop",
+    "postgresql://user:hunter2@127.0.0.1/app?schema=Public",
+    "postgresql://user:hunter2@127.0.0.1/app?schema=",
+    "postgresql://user:hunter2@127.0.0.1/app?schema=a&schema=b",
+    "postgresql://user:hunter2@127.0.0.1/app?create=maybe",
+    "redis:/127.0.0.1:6379",
+    "rediss:/127.0.0.1",
+    "redis:///0",
+    "redis://:hunter2@127.0.0.1:notaport/0",
+    "redis://:hunter2@127.0.0.1:99999/0",
+    "redis://:hunter2@[::1/0",
+    "redis://:hunter2@127.0.0.1/notadb",
+    "unix://",
+    "mysql://user:hunter2@127.0.0.1/app",
+    "http://user:hunter2@127.0.0.1/",
+    "memory://host",
+    "memory:///x",
+    "127.0.0.1:5432",
+]
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS, ids=repr)
+def test_a_malformed_url_is_one_line_naming_the_problem_before_anything_connects(url: str) -> None:
+    """What the webhook example turns into one FanoutUnavailable line per worker (its uvicorn
+    test runs a few of these shapes under two workers)."""
+    with pytest.raises(ValueError) as caught:
+        fanout_from_url(url)
+    message = str(caught.value)
+    assert message and "\n" not in message and "hunter2" not in message
+
+
+def test_a_url_that_is_not_a_str_is_a_type_error() -> None:
+    for url in (b"redis://127.0.0.1:6379/0", 6379, ["postgresql://127.0.0.1/app"]):
+        with pytest.raises(TypeError, match="must be a str"):
+            fanout_from_url(url)  # type: ignore[arg-type]
