@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from purgatory_aio import Purgatory
@@ -52,6 +52,7 @@ from purgatory_aio.integrations.fastapi import (
     PurgatoryLifespan,
     purgatory_dependency,
     readiness_endpoint,
+    value_events,
     wait_for_value,
 )
 
@@ -157,24 +158,11 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
 
     @app.get("/counters/{name}/events")
     async def counter_events(
-        name: JobId,
-        p: PurgatoryDep,
-        timeout_ms: StreamMs = 300_000,
-        last_event_id: Annotated[str | None, Header()] = None,
+        request: Request, name: JobId, p: PurgatoryDep, timeout_ms: StreamMs = 300_000
     ) -> StreamingResponse:
-        try:
-            after = None if last_event_id is None else float(last_event_id)
-            values = fan.stream(p, f"counter:{name}", timeout=timeout_ms / 1000, after=after)
-        except ValueError as exc:
-            raise HTTPException(status_code=400, detail=f"Last-Event-ID: {exc}") from None
-
-        async def events() -> AsyncIterator[str]:
-            # Starlette cancels this when the client leaves: the stream is released.
-            async with values:
-                async for value in values:
-                    yield f"id: {value!r}\ndata: {value:g}\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        # Released when the client leaves; a reconnecting client resumes after its last id.
+        key = f"counter:{name}"
+        return await value_events(request, key, timeout=timeout_ms / 1000, purgatory=p, fanout=fan)
 
     @app.get("/whoami")
     async def whoami() -> dict[str, Any]:
