@@ -10,6 +10,7 @@ python -m bench pipeline ...      # bench.pipeline, event-log pipeline benchmark
 python -m bench fanout [--quick]  # bench.fanout, completion across processes, Redis, PostgreSQL
 python -m bench kafka [--quick]   # bench.kafka, real Kafka clients against purgatory-broker
 python -m bench opshape [--quick] # bench.opshape, the cost of an operation class's shape
+python -m bench streams [--quick] # bench.streams, a value stream's cost per delivered value
 python -m bench w1-cost           # bench.w1_cost, W1-user's instructions per operation (valgrind)
 python -m bench calls             # bench.calls, the calls of one admission and one completion
 """
@@ -40,6 +41,7 @@ DELEGATED = {
         "librdkafka clients against purgatory-broker (acks=1/all, idempotent)",
     ),
     "opshape": ("bench.opshape", "what the shape of a user's operation class costs"),
+    "streams": ("bench.streams", "Fanout.stream's cost per delivered value vs a loop of waits"),
     "w1-cost": ("bench.w1_cost", "where W1-user's instructions go (callgrind, deterministic)"),
     "calls": ("bench.calls", "the calls of one admission and one completion (pure build)"),
 }

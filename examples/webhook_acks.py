@@ -28,7 +28,11 @@ the sender retries instead of believing a lost ack was taken.
 Progress counters work the same way, for waits on a monotonic value
 (``POST /counters/{name}/advance?to=N``, ``GET /counters/{name}/wait?at_least=N``):
 advances are merged by max, so duplicated or reordered ones are harmless.
-``GET /fanout/stats`` shows this worker's fan-out counters.
+``GET /counters/{name}/events`` streams a counter's successive values as Server-Sent
+Events, whichever worker they are advanced in (a reconnecting ``EventSource`` resumes
+after its ``Last-Event-ID``). ``GET /fanout/stats`` shows this worker's fan-out counters,
+and ``GET /ready`` answers 200 while it can serve its waits (503 naming what is wrong:
+for a Kubernetes readiness probe).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import StreamingResponse
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import ENV_FANOUT_URL, Fanout, FanoutUnavailable, fanout_from_url
@@ -46,11 +51,14 @@ from purgatory_aio.integrations.fastapi import (
     OneLineStartupErrors,
     PurgatoryLifespan,
     purgatory_dependency,
+    readiness_endpoint,
+    value_events,
     wait_for_value,
 )
 
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
 TimeoutMs = Annotated[int, Query(ge=0, le=300_000)]
+StreamMs = Annotated[int, Query(ge=1, le=3_600_000)]
 #: Seconds an ack may take to be stored before it is answered 503 (with Retry-After).
 STORE_TIMEOUT = 2.0
 # Module level: with postponed annotations FastAPI resolves these names from the module.
@@ -148,6 +156,14 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
         await store(f"counter:{name}", to)
         return {"counter": name, "worker": pid}
 
+    @app.get("/counters/{name}/events")
+    async def counter_events(
+        request: Request, name: JobId, p: PurgatoryDep, timeout_ms: StreamMs = 300_000
+    ) -> StreamingResponse:
+        # Released when the client leaves; a reconnecting client resumes after its last id.
+        key = f"counter:{name}"
+        return await value_events(request, key, timeout=timeout_ms / 1000, purgatory=p, fanout=fan)
+
     @app.get("/whoami")
     async def whoami() -> dict[str, Any]:
         return {"worker": pid}
@@ -155,6 +171,8 @@ def make_app(fanout: Fanout | None = None) -> FastAPI:
     @app.get("/fanout/stats")
     async def fanout_stats(p: PurgatoryDep) -> dict[str, Any]:
         return {"worker": pid, "pending": p.num_delayed, **fan.stats().as_dict()}
+
+    app.add_api_route("/ready", readiness_endpoint(), include_in_schema=False)
 
     return app
 

@@ -512,7 +512,7 @@ class Fanout(BackendHost):
         between two iterations, until ``timeout`` seconds have passed on the purgatory's
         clock, the key is cancelled, the purgatory shuts down or the stream is closed.
         ``after``: yield only values above it (None: the current value first)."""
-        from ._stream import ValueStream
+        from ._stream import ValueStream  # here: _stream builds on this module
 
         return ValueStream(self, purgatory, key, timeout=timeout, after=after)
 

@@ -5,11 +5,11 @@ strictly increasing, until its deadline passes, the application cancels the key
 (:meth:`Fanout.cancel <purgatory_aio.fanout.Fanout.cancel>`), its purgatory shuts
 down, or the consumer closes it. It holds two operations in its purgatory: one that
 keeps the key watched for the stream's whole life (so the purgatory keeps the key's
-latest value, and the fan-out reads the stored value once, when the stream starts,
-and again after every outage), and a :class:`ValueReached` waiting for a value
-above the last one yielded. The next one is watched *before* a value is handed to
-the consumer, so whatever is advanced while the body of the loop runs is already
-caught and comes out next.
+latest value between two waits, and the fan-out, which reads the stored value of a
+key when it gains its first watcher, re-reads it after every outage), and a
+:class:`ValueReached` waiting for a value above the last one yielded. The next one
+is watched *before* a value is handed to the consumer, so whatever is advanced while
+the body of the loop runs is already caught and comes out next.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class ValueStream:
       (``"cancelled"``), when the purgatory shuts down (``"shutdown"``), when the
       value can rise no further (``"exhausted"``), or after :meth:`aclose`
       (``"closed"``);
-    * cancelling the consuming task, or closing the stream, withdraws the operation
-      it has watched: nothing stays pending for a consumer who is gone.
+    * cancelling the consuming task, or closing the stream, withdraws the two
+      operations it holds: nothing stays pending for a consumer who is gone.
 
     Args:
         fanout: the fan-out the values travel through (``MemoryFanout`` in one process).

@@ -8,7 +8,10 @@ Framework-neutral pieces, importable without any extra:
   withdraw a waiting operation the moment its client goes away, given a way to
   hear about the disconnection (an :data:`OnDisconnect`);
 * :func:`readiness`, whether the application can serve its waits now (for
-  Kubernetes readiness probes and load balancers), as a :class:`Readiness`.
+  Kubernetes readiness probes and load balancers), as a :class:`Readiness`;
+* :func:`server_sent_events` and :func:`last_event_value`, a
+  :class:`~purgatory_aio.fanout.ValueStream` as Server-Sent Events and where a
+  reconnecting client resumes.
 
 The framework modules, :mod:`purgatory_aio.integrations.fastapi` and
 :mod:`purgatory_aio.integrations.aiohttp`, adapt these to their seams
@@ -28,6 +31,8 @@ from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory, PurgatoryStats
 from ..fanout import Fanout, ValueReached
+from ._events import last_event_value as last_event_value
+from ._events import server_sent_events as server_sent_events
 from ._health import Readiness as Readiness
 from ._health import readiness as readiness
 
@@ -39,9 +44,11 @@ __all__ = [
     "Readiness",
     "already_disconnected",
     "cancel_on_disconnect",
+    "last_event_value",
     "make_request_id",
     "never_disconnected",
     "readiness",
+    "server_sent_events",
     "wait_for_value_until_disconnected",
     "watch_until_disconnected",
 ]

@@ -44,6 +44,7 @@ from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from ..fanout import Fanout
 from . import OnDisconnect, Purgatories, already_disconnected, make_request_id, never_disconnected
+from ._events import EVENT_STREAM_HEADERS, last_event_value, server_sent_events
 from ._health import DEFAULT_QUEUE_LIMIT, check_queue_limit, readiness
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ __all__ = [
     "readiness_handler",
     "request_context_middleware",
     "setup_purgatories",
+    "value_events",
     "wait_for_value",
     "watch_and_wait",
 ]
@@ -345,6 +347,56 @@ def _route_template(request: web.Request) -> str | None:
     resource = request.match_info.route.resource
     template = resource.canonical if resource is not None else None
     return template if isinstance(template, str) and template else None
+
+
+async def value_events(
+    request: web.Request,
+    key: str,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the stream's own deadline, on the purgatory's clock
+    purgatory: Purgatory | None = None,
+    fanout: Fanout | None = None,
+) -> web.StreamResponse:
+    """Serve the successive values of ``key`` from any process
+    (:meth:`~purgatory_aio.fanout.Fanout.stream`) as a ``text/event-stream`` response:
+    one Server-Sent Event per new maximum, ``id`` and ``data`` both the value, until
+    ``timeout`` seconds have passed, the key is cancelled or the server stops; then it
+    returns the finished response.
+
+    A client reconnecting with ``Last-Event-ID`` resumes after that value. A client
+    that leaves, even while no value comes, ends the response at once and releases the
+    stream. ``fanout`` and ``purgatory`` default as for :func:`wait_for_value`.
+
+    Usage: ``return await value_events(request, f"job:{job}", timeout=300)``.
+
+    Raises:
+        web.HTTPBadRequest: (400) a ``Last-Event-ID`` that is not a finite number.
+        PurgatoryUnavailable: (503) the purgatory is shut down.
+        TypeError, ValueError: a bad ``key`` or ``timeout``, as ``Fanout.stream``.
+    """
+    fan = fanout if fanout is not None else get_fanout(request)
+    chosen = purgatory if purgatory is not None else get_purgatory(request)
+    try:
+        after = last_event_value(request.headers.get("Last-Event-ID"))
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+    if chosen.closed:
+        raise PurgatoryUnavailable()
+    values = fan.stream(chosen, key, timeout=timeout, after=after)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", **EVENT_STREAM_HEADERS}
+    )
+    try:
+        await response.prepare(request)
+        async with _common.cancel_on_disconnect(on_disconnect(request)):
+            async for event in server_sent_events(values):
+                await response.write(event.encode())
+        await response.write_eof()
+    except (_common.ClientDisconnected, ConnectionResetError):
+        pass  # nobody is left to answer
+    finally:
+        await values.aclose()
+    return response
 
 
 def get_fanout(request: web.Request) -> Fanout:

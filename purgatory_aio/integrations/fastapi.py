@@ -38,7 +38,7 @@ try:
     from starlette.applications import Starlette
     from starlette.datastructures import MutableHeaders
     from starlette.requests import HTTPConnection
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
@@ -53,6 +53,7 @@ from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from ..fanout import Fanout, FanoutUnavailable
 from . import OnDisconnect, Purgatories, make_request_id
+from ._events import EVENT_STREAM_HEADERS, last_event_value, server_sent_events
 from ._health import DEFAULT_QUEUE_LIMIT, check_queue_limit, readiness
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ __all__ = [
     "on_disconnect",
     "purgatory_dependency",
     "readiness_endpoint",
+    "value_events",
     "wait_for_value",
     "watch_and_wait",
 ]
@@ -452,6 +454,45 @@ def _route_template(request: Request) -> str | None:
     route = request.scope.get("route")
     template = getattr(route, "path_format", None) or getattr(route, "path", None)
     return template if isinstance(template, str) and template else None
+
+
+async def value_events(
+    request: Request,
+    key: str,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the stream's own deadline, on the purgatory's clock
+    purgatory: Purgatory | None = None,
+    fanout: Fanout | None = None,
+) -> StreamingResponse:
+    """The successive values of ``key`` from any process
+    (:meth:`~purgatory_aio.fanout.Fanout.stream`) as a ``text/event-stream`` response:
+    one Server-Sent Event per new maximum, ``id`` and ``data`` both the value, until
+    ``timeout`` seconds have passed, the key is cancelled or the server stops.
+
+    A client reconnecting with ``Last-Event-ID`` resumes after that value. When the
+    client leaves, Starlette cancels the response (uvicorn reports the disconnection),
+    which releases the stream. ``fanout`` and ``purgatory`` default as for
+    :func:`wait_for_value`.
+
+    Usage: ``return await value_events(request, f"job:{job}", timeout=300)``.
+
+    Raises:
+        HTTPException: (400) a ``Last-Event-ID`` that is not a finite number.
+        PurgatoryUnavailable: (503) the purgatory is shut down.
+        TypeError, ValueError: a bad ``key`` or ``timeout``, as ``Fanout.stream``.
+    """
+    fan = fanout if fanout is not None else get_fanout(request)
+    chosen = purgatory if purgatory is not None else (await get_purgatories(request)).only()
+    try:
+        after = last_event_value(request.headers.get("last-event-id"))
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if chosen.closed:
+        raise PurgatoryUnavailable()
+    values = fan.stream(chosen, key, timeout=timeout, after=after)
+    return StreamingResponse(
+        server_sent_events(values), media_type="text/event-stream", headers=EVENT_STREAM_HEADERS
+    )
 
 
 def get_fanout(request: HTTPConnection) -> Fanout:

@@ -330,3 +330,20 @@ async def test_a_cancel_or_a_shutdown_while_the_consumer_is_busy_ends_the_stream
             async for _value in values:
                 await a.shutdown()
         assert values.ended == "shutdown" and released(a)
+
+
+async def test_closed_streams_leave_no_more_than_the_purgatory_purges() -> None:
+    # A closed stream's two operations are withdrawn at once; their watch entries go the
+    # purgatory's lazy way (the next walk of the key, or a purge), bounded by purge_interval.
+    a = Purgatory("a", purge_interval=10)
+    async with a, MemoryFanout(None, a) as fanout:
+        most = 0
+        for i in range(200):
+            key = f"k{i % 7}"
+            async with fanout.stream(a, key, timeout=60) as values:
+                fanout.advance(key, i + 1)
+                assert await anext(values) == i + 1
+            assert released(a)
+            most = max(most, a.watched)
+        assert most <= 10 and a.stats().purged > 0
+        assert a.stats().cancelled == 400 and a.stats().completed == 200

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,57 @@ async def test_a_wait_in_one_worker_is_completed_by_an_ack_to_the_other(workers:
             body = await response.json()
         assert body == {"job": "cross", "acked": True, "worker": pid_wait}
         assert time.monotonic() - started < 10  # answered by the ack, not at its 20 s deadline
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+async def test_a_counter_streamed_from_one_worker_follows_the_advances_posted_to_the_other(
+    workers: Workers,
+) -> None:
+    base, name = workers.base, f"s{uuid.uuid4().hex[:8]}"
+    clients = await pinned_clients(base)
+    (_, streamer), (_, poster) = clients.items()
+
+    async def follow(response: aiohttp.ClientResponse, until: float, into: list[float]) -> None:
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                into.append(float(line.removeprefix("data: ")))
+                if into[-1] >= until:
+                    return
+
+    async def post(value: float) -> None:
+        async with poster.post(f"{base}/counters/{name}/advance?to={value}") as response:
+            assert response.status == 202
+
+    try:
+        for client in clients.values():
+            async with client.get(f"{base}/ready") as ready:
+                assert ready.status == 200, await ready.text()
+                assert (await ready.json())["fanout"]["connected"] is True
+        seen: list[float] = []
+        async with streamer.get(f"{base}/counters/{name}/events?timeout_ms=20000") as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            following = asyncio.create_task(follow(response, 30, seen))
+            for value in (1, 3, 2, 3, *range(4, 25), 20, 30, 29):  # out of order, duplicated
+                await post(value)
+            async with asyncio.timeout(HANG_GUARD):
+                await following
+        assert seen == sorted(set(seen)) and seen[-1] == 30.0, seen
+        # A client that reconnects with the last id it saw resumes after it.
+        resumed: list[float] = []
+        headers = {"Last-Event-ID": "30.0"}
+        url = f"{base}/counters/{name}/events?timeout_ms=20000"
+        async with streamer.get(url, headers=headers) as response:
+            following = asyncio.create_task(follow(response, 31, resumed))
+            await post(31)
+            async with asyncio.timeout(HANG_GUARD):
+                await following
+        assert resumed == [31.0]
+        async with streamer.get(url, headers={"Last-Event-ID": "nan"}) as refused:
+            assert refused.status == 400
     finally:
         for client in clients.values():
             await client.close()
