@@ -97,6 +97,9 @@ return 1
 
 _ADVANCE_SHA = hashlib.sha1(_ADVANCE_LUA.encode()).hexdigest()
 
+# What OpenSSL says when the other end does not speak TLS.
+_TLS_MISMATCH: Final = ("wrong version number", "record layer failure", "packet length too long")
+
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -199,6 +202,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
             )
         else:
             shared[name] = value
+    _check_files(parse_qsl(parts.query), shown)
     if parts.username:
         master["username"] = unquote(parts.username)
     if parts.password:
@@ -277,6 +281,15 @@ def check_url(url: str) -> None:
         raise ValueError(
             f"Redis URL {shown!r} has an invalid database {db!r}: expected a number (/0)"
         )
+    _check_files(parse_qsl(parts.query), shown)
+
+
+def _check_files(query: list[tuple[str, str]], shown: str) -> None:
+    """The certificate and key files a URL names exist (else the error would come at the
+    first connection, as an OS error number)."""
+    for name, value in query:
+        if name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") and not os.path.isfile(value):
+            raise ValueError(f"Redis URL {shown!r}: {name}={value!r} is not a file")
 
 
 def _in_words(exc: BaseException, url: str, where: str | None = None) -> str:
@@ -292,6 +305,16 @@ def _in_words(exc: BaseException, url: str, where: str | None = None) -> str:
                 "(redis://:password@host:port/0, or redis://user:password@...)"
             )
         return f"{where} refused the user name or password in the URL"
+    if "certificate verify failed" in lowered:
+        reason = text.partition("certificate verify failed:")[2].partition("(_ssl")[0].strip(" .")
+        if "mismatch" in lowered or "not valid for" in lowered:
+            return f"{where}: its TLS certificate does not name the host in the URL ({reason})"
+        return (
+            f"{where}: its TLS certificate is not trusted ({reason}): name the CA that signed "
+            "it with ?ssl_ca_certs=/path/ca.pem"
+        )
+    if any(sign in lowered for sign in _TLS_MISMATCH):
+        return f"{where}: the TLS handshake failed ({text}): does that port speak TLS?"
     if "protocol error" in lowered or type(exc).__name__ == "InvalidResponse":
         return (
             f"{where} did not answer in the Redis protocol: is another service (HTTP?) "
@@ -300,9 +323,12 @@ def _in_words(exc: BaseException, url: str, where: str | None = None) -> str:
     if any(sign in lowered for sign in ("connection refused", "connect call failed", "error 111")):
         return f"cannot reach {where}: connection refused (is redis-server running there?)"
     if isinstance(exc, RedisTimeoutError | TimeoutError):
-        return f"cannot reach {where}: no answer in time"
+        # A TLS greeting sent to a server without TLS gets no answer at all.
+        tls = " (a server without TLS? redis://)" if url.lower().startswith("rediss") else ""
+        return f"cannot reach {where}: no answer in time{tls}"
     if "closed by server" in lowered or "connection reset" in lowered:
-        return f"{where} closed the connection at once: is it a Redis server?"
+        tls = "" if url.lower().startswith("rediss") else " (one that takes TLS only? rediss://)"
+        return f"{where} closed the connection at once: is it a Redis server{tls}?"
     if isinstance(exc, RedisConnectionError | OSError):
         return f"cannot reach {where}: {text}"
     return f"cannot use {where}: {text}"

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,7 +61,7 @@ async def stored(sentinels: Sentinels, prefix: str, key: str) -> float | None:
 # -- the URL ----------------------------------------------------------------------------------
 
 
-def test_a_sentinel_url_names_the_sentinels_the_service_and_the_options() -> None:
+def test_a_sentinel_url_names_the_sentinels_the_service_and_the_options(tmp_path: Path) -> None:
     target = parse_sentinel_url(
         "redis+sentinel://:pw@127.0.0.1:26379,[::1]:26380,sentinel-c/svc?db=3&sentinel_password=spw"
     )
@@ -68,15 +69,17 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_options() -> Non
     assert target.service == "svc"
     assert target.master == {"db": 3, "password": "pw"}
     assert target.sentinel == {"password": "spw"}
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
     tls = parse_sentinel_url(
-        "rediss+sentinel://h:1/svc?ssl_ca_certs=/ca.pem&ssl_check_hostname=false"
+        f"rediss+sentinel://h:1/svc?ssl_ca_certs={ca}&ssl_check_hostname=false"
     )
     assert (
         tls.master
         == tls.sentinel
         == {
             "ssl": True,
-            "ssl_ca_certs": "/ca.pem",
+            "ssl_ca_certs": str(ca),
             "ssl_check_hostname": False,
         }
     )
@@ -102,6 +105,11 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_options() -> Non
         ("redis+sentinel://h:1/svc?ssl_ca_certs=/ca", "need rediss+sentinel://"),
         ("rediss+sentinel://h:1/svc?ssl_cert_reqs=maybe", "ssl_cert_reqs must be one of"),
         ("rediss+sentinel://h:1/svc?ssl_check_hostname=perhaps", "must be true or false"),
+        (
+            "rediss+sentinel://h:1/svc?ssl_ca_certs=/no/ca.pem",
+            "ssl_ca_certs='/no/ca.pem' is not a file",
+        ),
+        ("rediss://h:1/0?ssl_certfile=/no/cert.pem", "ssl_certfile='/no/cert.pem' is not a file"),
     ],
 )
 def test_a_bad_sentinel_url_is_refused_before_anything_connects(url: str, says: str) -> None:
