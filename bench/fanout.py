@@ -30,6 +30,18 @@ started on a free port from Debian's package):
   in a second transaction, and against ``advance_confirmed`` alone: p50/p99 of the
   write path and of the wait it completes in another member).
 
+With ``--sentinel``, Redis behind Sentinel (a master, a replica, three sentinels on
+loopback, as the tests start them):
+
+* **failover recovery**: the master killed (SIGKILL) ``--failovers`` times; the time from
+  its death to the first event delivered again (published right after the kill, taken
+  by the new master, applied by the other member), p50/p99;
+* **confirmed acks lost**: ``--acks`` confirmed advances on as many keys, 64 at a time,
+  the master killed halfway; how many of those confirmed are missing on the new master,
+  per 10,000, without and with ``min_replicas=1``;
+* **the replica option's cost**: one confirmed advance at a time on a healthy topology,
+  with ``min_replicas=1`` against without.
+
 Another engine is one more :class:`Engine` in :data:`ENGINES`.
 Records go to ``bench/results/fanout/`` (not into the main summary).
 """
@@ -49,7 +61,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import Fanout, MemoryFanout, PostgresFanout, RedisFanout, ValueReached
+from purgatory_aio.fanout import (
+    Fanout,
+    FanoutUnavailable,
+    MemoryFanout,
+    PostgresFanout,
+    RedisFanout,
+    ValueReached,
+)
 from purgatory_aio.fanout._base import ADVANCE, encode
 
 from ._common import (
@@ -105,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=20000, help="events in the throughput run")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR / "fanout")
     parser.add_argument("--plain", action="store_true", help="plain progress lines, no rich")
+    parser.add_argument(
+        "--sentinel", action="store_true", help="measure Redis behind Sentinel too (failovers)"
+    )
+    parser.add_argument("--failovers", type=int, default=20, help="master kills to time")
+    parser.add_argument("--acks", type=int, default=10000, help="confirmed advances per kill run")
 
 
 # -- the apply cost: what each receiving process pays per advance -------------------------------
@@ -312,6 +336,16 @@ def _redis_server() -> Iterator[str]:
         yield server.url
 
 
+@contextlib.contextmanager
+def _sentinels() -> Iterator[Any]:
+    topology = _test_support("sentinel_support").Sentinels()
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()
+
+
 def _redis_fanout(url: str, purgatories: tuple[Purgatory, ...], subscribe: bool) -> Fanout:
     return RedisFanout(url, *purgatories, subscribe=subscribe)
 
@@ -468,6 +502,147 @@ ENGINES: dict[str, Engine] = {
 }
 
 
+# -- Redis behind Sentinel -------------------------------------------------------------------------
+
+
+def _sentinel_member(topology: Any, purgatory: Purgatory, prefix: str, **options: Any) -> Fanout:
+    return RedisFanout(topology.url, purgatory, prefix=prefix, connect_timeout=1.0, **options)
+
+
+async def _failover_recovery(topology: Any, failovers: int) -> list[float]:
+    """Seconds from the master's death to the first event delivered again, per failover."""
+    prefix = f"fo{RUN}"
+    a, b = Purgatory("bench-a"), Purgatory("bench-b")
+    times = []
+    async with (
+        a,
+        b,
+        _sentinel_member(topology, a, prefix) as fa,
+        _sentinel_member(topology, b, prefix, subscribe=False) as fb,
+    ):
+        for i in range(failovers):
+            await asyncio.to_thread(topology.wait_healthy)
+            key = f"fo:{i}"
+            op = ValueReached(fa, key, 1, 120)
+            await fa.watch_threshold(a, op, key, 1)
+            old = await asyncio.to_thread(topology.master)
+            killed = time.perf_counter()
+            old.kill()
+            fb.advance(key, 1)  # queued, sent again until a master takes it
+            await op
+            times.append(time.perf_counter() - killed)
+    return sorted(times)
+
+
+async def _acks_lost(topology: Any, acks: int, replicas: int) -> dict[str, float]:
+    """Confirmed advances missing on the new master after the old one was killed halfway."""
+    import redis.asyncio as aioredis
+
+    await asyncio.to_thread(topology.wait_healthy)
+    prefix = f"ack{RUN}r{replicas}"
+    b = Purgatory("bench-b")
+    confirmed: list[str] = []
+    refused = 0
+    todo = iter(range(acks))
+    async with (
+        b,
+        _sentinel_member(topology, b, prefix, subscribe=False, min_replicas=replicas) as fb,
+    ):
+        old = await asyncio.to_thread(topology.master)
+
+        async def worker() -> None:
+            nonlocal refused
+            for i in todo:
+                if i == acks // 2:
+                    old.kill()
+                try:
+                    await fb.advance_confirmed(f"k{i}", 1, timeout=5)
+                except FanoutUnavailable:
+                    refused += 1
+                else:
+                    confirmed.append(f"k{i}")
+
+        await asyncio.gather(*(worker() for _ in range(64)))
+    new = await asyncio.to_thread(topology.wait_new_master, old)
+    client = aioredis.Redis(host="127.0.0.1", port=new.port)
+    try:
+        held = []
+        for start in range(0, len(confirmed), 1000):
+            chunk = confirmed[start : start + 1000]
+            held += await client.mget([f"{prefix}:value:{key}" for key in chunk])
+    finally:
+        await client.aclose()
+    lost = sum(1 for value in held if value is None)
+    return {
+        "confirmed": len(confirmed),
+        "refused": refused,
+        "lost": lost,
+        "lost_per_10k": 10_000 * lost / max(1, len(confirmed)),
+    }
+
+
+async def _confirm_cost(topology: Any, samples: int) -> dict[str, float]:
+    """µs per confirmed advance, one at a time, without and with one replica's WAIT."""
+    await asyncio.to_thread(topology.wait_healthy)
+    b = Purgatory("bench-b")
+    costs: dict[str, float] = {}
+    async with b:
+        for replicas in (0, 1):
+            options = {"subscribe": False, "min_replicas": replicas}
+            async with _sentinel_member(topology, b, f"cost{RUN}r{replicas}", **options) as fb:
+                for i in range(50):  # warm-up: connections, script load
+                    await fb.advance_confirmed(f"warm{i}", 1)
+                times = []
+                for i in range(samples):
+                    started = time.perf_counter()
+                    await fb.advance_confirmed(f"c{i}", 1)
+                    times.append(time.perf_counter() - started)
+            times.sort()
+            costs[f"min_replicas_{replicas}_p50_us"] = quantile(times, 0.5) * 1e6
+            costs[f"min_replicas_{replicas}_p99_us"] = quantile(times, 0.99) * 1e6
+    return costs
+
+
+async def _sentinel_section(
+    topology: Any, failovers: int, acks: int, samples: int
+) -> dict[str, Any]:
+    recovery = await _failover_recovery(topology, failovers)
+    lost = {f"min_replicas_{n}": await _acks_lost(topology, acks, n) for n in (0, 1)}
+    return {
+        "failovers": len(recovery),
+        "recovery_s": {"p50": quantile(recovery, 0.5), "p99": quantile(recovery, 0.99)},
+        "acks_lost": lost,
+        "confirm_cost_us": await _confirm_cost(topology, samples),
+    }
+
+
+def _sentinel_rows(results: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    recovery, lost, cost = results["recovery_s"], results["acks_lost"], results["confirm_cost_us"]
+    ratios = {
+        "sentinel_confirm_p50_min_replicas_1_vs_0": ratio(
+            cost["min_replicas_1_p50_us"], cost["min_replicas_0_p50_us"]
+        )
+    }
+    headline = [
+        (
+            f"sentinel master death to first event again p50/p99 s ({results['failovers']} kills)",
+            f"{recovery['p50']:.2f}/{recovery['p99']:.2f}",
+        ),
+        (
+            "sentinel confirmed acks lost per 10k under a kill, min_replicas 0 / 1",
+            " / ".join(
+                f"{row['lost_per_10k']:.1f} ({row['lost']:.0f} of {row['confirmed']:.0f})"
+                for row in lost.values()
+            ),
+        ),
+        (
+            "sentinel µs per confirmed advance p50, min_replicas 0 / 1",
+            f"{cost['min_replicas_0_p50_us']:.0f} / {cost['min_replicas_1_p50_us']:.0f}",
+        ),
+    ]
+    return ratios, headline
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -528,8 +703,10 @@ def main(argv: list[str]) -> int:
     watchers = (1_000, 10_000) if args.quick else WATCHERS
     advances, rounds = (200, 3) if args.quick else (2000, 7)
     chosen = {"all": list(ENGINES), "none": []}.get(args.engine, [args.engine])
+    failovers, acks = (3, 1000) if args.quick else (args.failovers, args.acks)
     with contextlib.ExitStack() as servers:
         urls = {name: servers.enter_context(ENGINES[name].server()) for name in chosen}
+        topology = servers.enter_context(_sentinels()) if args.sentinel else None
         for loop_name in resolve_loops(args.loop, progress):
             global RUN
             RUN = uuid.uuid4().hex[:8]
@@ -549,10 +726,22 @@ def main(argv: list[str]) -> int:
                 more_ratios, more_rows = _engine_rows(name, measured)
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
+            if topology is not None:
+                measured = run_on(
+                    loop_name,
+                    lambda: _sentinel_section(topology, failovers, acks, samples),
+                )
+                results["sentinel"] = measured
+                more_ratios, more_rows = _sentinel_rows(measured)
+                ratios.update(more_ratios)
+                headline.extend(more_rows)
+            params = {"samples": samples, "events": events, "watchers": list(watchers)}
+            if topology is not None:
+                params |= {"failovers": failovers, "acks": acks}
             record: Record = make_record(
                 "fanout",
                 loop_name,
-                {"samples": samples, "events": events, "watchers": list(watchers)},
+                params,
                 results,
                 ratios=ratios,
                 headline=headline,

@@ -91,6 +91,7 @@ class FanoutStats:
     recoveries: int = 0
     resyncs: int = 0
     resubscribes: int = 0  # subscriptions re-established after the first
+    failovers: int = 0  # subscriptions re-established on another server (a new primary)
     refresh_failures: int = 0  # reads of stored values that failed (retried)
     connected: bool = False  # gauge
     watched_keys: int = 0  # gauge
@@ -260,6 +261,11 @@ class BackendHost(ABC):
     @abstractmethod
     def foreign_value(self, key: str, raw: object) -> None:
         """A value stored under ``key`` that the fan-out did not write."""
+
+    @abstractmethod
+    def switched(self, before: str, after: str) -> None:
+        """The subscription was re-established on another server than before (a failover
+        moved the primary): reported before :meth:`subscribed`."""
 
 
 class Fanout(BackendHost):
@@ -697,6 +703,11 @@ class Fanout(BackendHost):
         self._subscribed_once = True
         self._schedule_resync()
 
+    def switched(self, before: str, after: str) -> None:
+        self._stats.failovers += 1
+        # At the level of the outage that usually precedes it: an operator watching one sees both.
+        _log.warning("fanout_engine_switched", address=self.address, before=before, after=after)
+
     def foreign_value(self, key: str, raw: object) -> None:
         self._receiver.malformed += 1
         _log.warning("fanout_foreign_value", key=key, value=repr(raw)[:100])
@@ -756,6 +767,9 @@ class Fanout(BackendHost):
                     error=_say(error),
                     total=stats.publish_errors,
                 )
+            if isinstance(error, FanoutUnavailable):  # the engine's own words, address included
+                event.settle(error)
+                continue
             refused = f"{self.address} refused the event on {event.key!r}: {_say(error)}"
             event.settle(FanoutUnavailable(refused))
 

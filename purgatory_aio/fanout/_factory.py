@@ -14,7 +14,7 @@ from ._urls import redacted
 ENV_FANOUT_URL: Final = "PURGATORY_AIO_FANOUT_URL"
 """The environment variable ``fanout_from_url(None)`` reads its engine URL from."""
 
-_REDIS: Final = ("redis", "rediss", "unix")
+_REDIS: Final = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 _POSTGRES: Final = ("postgresql", "postgres")
 _MEMORY: Final = "memory"
 
@@ -22,8 +22,8 @@ _MEMORY: Final = "memory"
 def fanout_from_url(url: str | None = None, *purgatories: Purgatory, **options: Any) -> Fanout:
     """A fan-out on the engine ``url`` names (``None``: ``$PURGATORY_AIO_FANOUT_URL``).
 
-    * ``redis://``, ``rediss://``, ``unix://``: a :class:`RedisFanout`
-      (the ``redis`` extra);
+    * ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``,
+      ``rediss+sentinel://``: a :class:`RedisFanout` (the ``redis`` extra);
     * ``postgresql://``, ``postgres://``: a :class:`PostgresFanout`
       (the ``postgres`` extra);
     * ``memory://``: a :class:`MemoryFanout` on a hub of its own (one process
@@ -58,5 +58,5 @@ def fanout_from_url(url: str | None = None, *purgatories: Purgatory, **options: 
         return Fanout(MemoryBackend(MemoryHub()), *purgatories, **options)
     raise ValueError(
         f"not a fan-out URL: {redacted(chosen)!r} (expected redis://, rediss://, unix://, "
-        "postgresql://, postgres:// or memory://)"
+        "redis+sentinel://, rediss+sentinel://, postgresql://, postgres:// or memory://)"
     )

@@ -18,6 +18,16 @@ Needs the ``redis`` extra (``pip install 'purgatory-aio[redis]'``).
 * **Refusals are per event.** A batch is one pipeline whose replies are taken
   one by one: a foreign value under the prefix (a string that is not a number,
   a hash: ``WRONGTYPE``) fails that event alone, logged and counted.
+* **Sentinel.** ``redis+sentinel://h1:p1,h2:p2/service?db=0`` asks the sentinels
+  for the service's master before each connection (redis-py's ``Sentinel``).
+  The subscriber asks them again about once a second, so that a subscription
+  left on a demoted or frozen master moves to the new one; each move is logged
+  and counted (``failovers``), and the resubscription re-reads every watched key.
+* **Replicas.** Replication is asynchronous: with ``min_replicas=N``, a batch
+  holding a confirmed advance ends with ``WAIT N timeout`` in the same pipeline
+  (the same connection, so it covers the batch's writes), and the confirmations
+  of that batch fail with :class:`FanoutUnavailable` when fewer replicas
+  acknowledged in time.
 """
 
 from __future__ import annotations
@@ -26,12 +36,17 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+    from redis.backoff import NoBackoff
     from redis.exceptions import AuthenticationError, NoScriptError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -43,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 
 from .._logging import get_logger
 from .._purgatory import Purgatory
-from .._validation import check_positive_seconds
+from .._validation import check_positive_int, check_positive_seconds
 from ._base import (
     ADVANCE,
     BackendHost,
@@ -88,6 +103,9 @@ return 1
 
 _ADVANCE_SHA = hashlib.sha1(_ADVANCE_LUA.encode()).hexdigest()
 
+# What OpenSSL says when the other end does not speak TLS.
+_TLS_MISMATCH: Final = ("wrong version number", "record layer failure", "packet length too long")
+
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -101,6 +119,120 @@ def _password(url: str) -> str | None:
         return urlsplit(url).password
     except ValueError:
         return None
+
+
+#: The schemes of a URL naming the sentinels of a service rather than a server.
+SENTINEL_SCHEMES: Final = ("redis+sentinel", "rediss+sentinel")
+_SENTINEL_PORT: Final = 26379
+_TLS_OPTIONS: Final = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+_CERT_REQS: Final = ("required", "optional", "none")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+#: Seconds between the subscriber's questions to the sentinels: how long a subscription may
+#: stay on a master that was demoted or frozen without closing its connection.
+_SENTINEL_POLL: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names: the sentinels, the service, and the options
+    of the connections to the master (``master``) and to the sentinels (``sentinel``)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    master: dict[str, Any] = field(default_factory=dict)
+    sentinel: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Read ``redis+sentinel://[user:password@]host:port[,host:port...]/service[?db=N]``
+    (``rediss+sentinel://`` for TLS to the master and the sentinels), or raise a
+    ``ValueError`` naming what is wrong.
+
+    The password in the address is the master's; ``sentinel_username`` and
+    ``sentinel_password`` in the query are the sentinels' own. Over TLS the query may
+    also hold ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``
+    (required, optional, none) and ``ssl_check_hostname`` (true, false).
+    """
+    shown = redacted(url)
+    scheme, separator, _ = url.partition("://")
+    scheme = scheme.lower()
+    form = f"{scheme}://[:password@]host:port[,host:port...]/service[?db=0]"
+    if scheme not in SENTINEL_SCHEMES or not separator:
+        raise ValueError(
+            f"not a Sentinel URL: {shown!r}: expected redis+sentinel://host:port[,...]/service"
+        )
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        raise ValueError(f"Sentinel URL {shown!r} names no sentinel: expected {form}")
+    sentinels = tuple(_sentinel_address(item, shown) for item in hosts.split(","))
+    service = unquote(parts.path[1:])
+    if not service or "/" in service:
+        raise ValueError(
+            f"Sentinel URL {shown!r} must name one service after the sentinels: expected {form}"
+        )
+    tls = scheme == "rediss+sentinel"
+    allowed = ["db", "sentinel_username", "sentinel_password"]
+    if tls:
+        allowed += [*_TLS_OPTIONS, "ssl_check_hostname"]
+    master: dict[str, Any] = {}
+    sentinel: dict[str, Any] = {}
+    shared: dict[str, Any] = {"ssl": True} if tls else {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in allowed:
+            extra = "" if tls else " (the ssl_* options need rediss+sentinel://)"
+            raise ValueError(
+                f"Sentinel URL {shown!r} has an unknown option {name!r}: expected "
+                f"{', '.join(allowed)}{extra}"
+            )
+        if name == "db":
+            if not value.isdigit():
+                raise ValueError(
+                    f"Sentinel URL {shown!r} has an invalid database {value!r}: "
+                    "expected a number (?db=0)"
+                )
+            master["db"] = int(value)
+        elif name.startswith("sentinel_"):
+            sentinel[name.removeprefix("sentinel_")] = value
+        elif name == "ssl_check_hostname":
+            if value.lower() not in (*_TRUE, *_FALSE):
+                raise ValueError(
+                    f"Sentinel URL {shown!r}: ssl_check_hostname must be true or false, "
+                    f"got {value!r}"
+                )
+            shared[name] = value.lower() in _TRUE
+        elif name == "ssl_cert_reqs" and value.lower() not in _CERT_REQS:
+            raise ValueError(
+                f"Sentinel URL {shown!r}: ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}, "
+                f"got {value!r}"
+            )
+        else:
+            shared[name] = value
+    _check_files(parse_qsl(parts.query), shown)
+    if parts.username:
+        master["username"] = unquote(parts.username)
+    if parts.password:
+        master["password"] = unquote(parts.password)
+    return SentinelTarget(sentinels, service, {**master, **shared}, {**sentinel, **shared})
+
+
+def _sentinel_address(item: str, shown: str) -> tuple[str, int]:
+    bad_port = (
+        f"Sentinel URL {shown!r} has an invalid port in {item!r}: expected a number from 1 to 65535"
+    )
+    try:
+        parts = urlsplit(f"//{item}")
+        port = parts.port
+    except ValueError:
+        raise ValueError(bad_port) from None
+    if not parts.hostname:
+        raise ValueError(
+            f"Sentinel URL {shown!r} has an empty sentinel address in {item!r}: "
+            "expected host:port, separated by commas"
+        )
+    if port == 0:
+        raise ValueError(bad_port)
+    return parts.hostname, _SENTINEL_PORT if port is None else port
 
 
 def resolve_url(url: str | None) -> str:
@@ -121,9 +253,13 @@ def check_url(url: str) -> None:
     shown = redacted(url)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
+    if scheme in SENTINEL_SCHEMES:
+        parse_sentinel_url(url)
+        return
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(
-            f"not a Redis URL: {shown!r}: the scheme must be redis://, rediss:// or unix://"
+            f"not a Redis URL: {shown!r}: the scheme must be redis://, rediss://, unix://, "
+            "redis+sentinel:// or rediss+sentinel://"
         )
     if scheme == "unix":
         if not parts.path:
@@ -151,13 +287,22 @@ def check_url(url: str) -> None:
         raise ValueError(
             f"Redis URL {shown!r} has an invalid database {db!r}: expected a number (/0)"
         )
+    _check_files(parse_qsl(parts.query), shown)
 
 
-def _in_words(exc: BaseException, url: str) -> str:
+def _check_files(query: list[tuple[str, str]], shown: str) -> None:
+    """The certificate and key files a URL names exist (else the error would come at the
+    first connection, as an OS error number)."""
+    for name, value in query:
+        if name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") and not os.path.isfile(value):
+            raise ValueError(f"Redis URL {shown!r}: {name}={value!r} is not a file")
+
+
+def _in_words(exc: BaseException, url: str, where: str | None = None) -> str:
     """Why a connection to Redis failed, in the user's words, on one line."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = text.lower()
-    where = f"Redis at {redacted(url)}"
+    where = where or f"Redis at {redacted(url)}"
     signs = ("noauth", "wrongpass", "authentication", "password", "auth ")
     if isinstance(exc, AuthenticationError) or any(sign in lowered for sign in signs):
         if _password(url) is None:
@@ -166,6 +311,16 @@ def _in_words(exc: BaseException, url: str) -> str:
                 "(redis://:password@host:port/0, or redis://user:password@...)"
             )
         return f"{where} refused the user name or password in the URL"
+    if "certificate verify failed" in lowered:
+        reason = text.partition("certificate verify failed:")[2].partition("(_ssl")[0].strip(" .")
+        if "mismatch" in lowered or "not valid for" in lowered:
+            return f"{where}: its TLS certificate does not name the host in the URL ({reason})"
+        return (
+            f"{where}: its TLS certificate is not trusted ({reason}): name the CA that signed "
+            "it with ?ssl_ca_certs=/path/ca.pem"
+        )
+    if any(sign in lowered for sign in _TLS_MISMATCH):
+        return f"{where}: the TLS handshake failed ({text}): does that port speak TLS?"
     if "protocol error" in lowered or type(exc).__name__ == "InvalidResponse":
         return (
             f"{where} did not answer in the Redis protocol: is another service (HTTP?) "
@@ -174,9 +329,12 @@ def _in_words(exc: BaseException, url: str) -> str:
     if any(sign in lowered for sign in ("connection refused", "connect call failed", "error 111")):
         return f"cannot reach {where}: connection refused (is redis-server running there?)"
     if isinstance(exc, RedisTimeoutError | TimeoutError):
-        return f"cannot reach {where}: no answer in time"
+        # A TLS greeting sent to a server without TLS gets no answer at all.
+        tls = " (a server without TLS? redis://)" if url.lower().startswith("rediss") else ""
+        return f"cannot reach {where}: no answer in time{tls}"
     if "closed by server" in lowered or "connection reset" in lowered:
-        return f"{where} closed the connection at once: is it a Redis server?"
+        tls = "" if url.lower().startswith("rediss") else " (one that takes TLS only? rediss://)"
+        return f"{where} closed the connection at once: is it a Redis server{tls}?"
     if isinstance(exc, RedisConnectionError | OSError):
         return f"cannot reach {where}: {text}"
     return f"cannot use {where}: {text}"
@@ -188,7 +346,15 @@ class RedisBackend(FanoutBackend):
     network_errors = _NETWORK_ERRORS
 
     def __init__(
-        self, url: str, *, prefix: str, value_ttl: float, timeout: float, resync_interval: float
+        self,
+        url: str,
+        *,
+        prefix: str,
+        value_ttl: float,
+        timeout: float,
+        resync_interval: float,
+        min_replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
         self.url = url
         self.channel = f"{prefix}:events"
@@ -196,9 +362,12 @@ class RedisBackend(FanoutBackend):
         self._ttl = max(1, round(value_ttl))
         self._timeout = timeout
         self._health = max(1.0, resync_interval / 3)
+        self._min_replicas = min_replicas
+        self._replica_timeout = replica_timeout
         self._client: aioredis.Redis | None = None
         self._sub_client: aioredis.Redis | None = None
         self._pubsub: PubSub | None = None
+        self._primary: str | None = None  # host:port the subscription was last confirmed on
 
     @property
     def address(self) -> str:
@@ -210,7 +379,9 @@ class RedisBackend(FanoutBackend):
         )
 
     async def connect(self, host: BackendHost | None) -> None:
-        client = self._new_client(socket_timeout=self._timeout, max_connections=8)
+        # A command's bound covers the WAIT a confirmed batch may end with.
+        bound = self._timeout + (self._replica_timeout if self._min_replicas else 0.0)
+        client = self._new_client(socket_timeout=bound, max_connections=8)
         self._client = client
         try:
             await client.ping()
@@ -221,7 +392,10 @@ class RedisBackend(FanoutBackend):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # redis-py's errors, in the user's words, on one line
-            raise FanoutUnavailable(_in_words(exc, self.url)) from None
+            raise FanoutUnavailable(self._in_words(exc)) from None
+
+    def _in_words(self, exc: BaseException) -> str:
+        return _in_words(exc, self.url, self.address)
 
     async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
         client = self._client
@@ -234,13 +408,21 @@ class RedisBackend(FanoutBackend):
                 pipe.evalsha(_ADVANCE_SHA, 2, key, channel, value, event.message, ttl)
             else:
                 pipe.publish(channel, event.message)
+        # Only a batch someone waits for pays the replicas' round trip.
+        replicated = self._min_replicas > 0 and any(event.waiter for event in events)
+        if replicated:
+            pipe.execute_command("WAIT", self._min_replicas, round(self._replica_timeout * 1000))
         # EVALSHA by its digest rather than redis-py's registered Script, whose pipelines ask
         # SCRIPT EXISTS on every execute (a second round trip per batch). Replies are taken one
         # by one (raise_on_error=False): one refused event does not fail the others.
         replies = await pipe.execute(raise_on_error=False)
+        acknowledged = replies.pop() if replicated else None
         results: list[BaseException | None] = [
             reply if isinstance(reply, Exception) else None for reply in replies
         ]
+        wanted = self._min_replicas
+        if replicated and not (isinstance(acknowledged, int) and acknowledged >= wanted):
+            self._too_few_replicas(events, results, acknowledged)
         missing = [i for i, reply in enumerate(results) if isinstance(reply, NoScriptError)]
         if missing:
             # A Redis that does not know the script (first use, or restarted): load it and send
@@ -250,6 +432,29 @@ class RedisBackend(FanoutBackend):
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
         return results
+
+    def _too_few_replicas(
+        self, events: Sequence[Event], results: list[BaseException | None], acknowledged: object
+    ) -> None:
+        """Fail the confirmed advances of a batch fewer replicas than asked acknowledged."""
+        said = (
+            f"{acknowledged} of the {self._min_replicas}"
+            if isinstance(acknowledged, int)
+            else f"none of the {self._min_replicas} (WAIT failed: {acknowledged})"
+        )
+        error = FanoutUnavailable(
+            f"stored on the master at {self.address}, but {said} replicas asked for "
+            f"acknowledged it within {self._replica_timeout:g} s: a failover now may lose it"
+        )
+        _log.warning(
+            "fanout_replicas_behind",
+            address=self.address,
+            acknowledged=acknowledged if isinstance(acknowledged, int) else None,
+            wanted=self._min_replicas,
+        )
+        for i, event in enumerate(events):
+            if event.waiter is not None and results[i] is None:
+                results[i] = error
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
         client = self._client
@@ -278,6 +483,7 @@ class RedisBackend(FanoutBackend):
         backoff = 0.05
         while host.listening:
             try:
+                await self._follow_primary(pubsub)
                 message = await pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
@@ -306,7 +512,21 @@ class RedisBackend(FanoutBackend):
                 host.deliver(message["data"])
             elif kind == "subscribe":
                 # Active from here on: whatever was published before is in the store.
+                self._note_primary(pubsub, host)
                 host.subscribed()
+
+    def _note_primary(self, pubsub: PubSub, host: BackendHost) -> None:
+        """Report a subscription confirmed on another server than the last one: a failover."""
+        connection = pubsub.connection
+        if connection is None:
+            return
+        primary = f"{connection.host}:{connection.port}"
+        if self._primary is not None and primary != self._primary:
+            host.switched(self._primary, primary)
+        self._primary = primary
+
+    async def _follow_primary(self, pubsub: PubSub) -> None:
+        """Move a subscription left behind by a failover (a single server has none)."""
 
     async def close(self) -> None:
         pubsub, client, sub_client = self._pubsub, self._client, self._sub_client
@@ -320,13 +540,117 @@ class RedisBackend(FanoutBackend):
                     await one.aclose()
 
 
+class SentinelBackend(RedisBackend):
+    """The Redis engine behind Sentinel: the master of a service, wherever it is now."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.target = target = parse_sentinel_url(url)
+        sentinel_options = {
+            "socket_connect_timeout": self._timeout,
+            "socket_timeout": self._timeout,
+            # One try per sentinel per question: the next sentinel is the retry, and the
+            # fan-out retries the whole question with its own backoff.
+            "retry": Retry(NoBackoff(), 0),
+            **target.sentinel,
+        }
+        self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.sentinels), sentinel_kwargs=sentinel_options
+        )
+        self._next_poll = self._next_publish_poll = 0.0
+
+    @property
+    def address(self) -> str:
+        return f"Redis service {self.target.service!r} via sentinels {redacted(self.url)}"
+
+    def _in_words(self, exc: BaseException) -> str:
+        if not isinstance(exc, MasterNotFoundError):
+            return super()._in_words(exc)
+        # redis-py lists the sentinels it could not ask after " : ", one " - " each.
+        unreachable = str(exc).partition(" : ")[2].count(" - ")
+        if unreachable >= len(self.target.sentinels):
+            return f"cannot reach {self.address}: no sentinel answered"
+        return (
+            f"{self.address}: no sentinel knows a master of that service that is up "
+            "(is the service name right? is a failover under way?)"
+        )
+
+    def _new_client(self, **options: Any) -> aioredis.Redis:
+        client: aioredis.Redis = self._sentinel.master_for(
+            self.target.service,
+            socket_connect_timeout=self._timeout,
+            decode_responses=False,
+            **self.target.master,
+            **options,
+        )
+        return client
+
+    async def _follow_master(self, *, now: bool = False) -> None:
+        """Point the command connections at the master the sentinels name (at most once a
+        second unless ``now``): redis-py drops the idle ones when the master moved.
+
+        After SENTINEL FAILOVER the old master keeps its role, and its clients, until the
+        sentinels convert it (they look at it every 10 s), and a frozen one keeps them until
+        it thaws: what is written there meanwhile is lost, and what is read is stale.
+        """
+        moment = time.monotonic()
+        pool = self._client.connection_pool if self._client is not None else None
+        if (now or moment >= self._next_publish_poll) and isinstance(pool, SentinelConnectionPool):
+            self._next_publish_poll = moment + _SENTINEL_POLL
+            with contextlib.suppress(Exception):  # a failover under way: the command will tell
+                async with asyncio.timeout(self._timeout):
+                    await pool.get_master_address()  # type: ignore[no-untyped-call]
+
+    async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
+        await self._follow_master()
+        return await super().store_and_publish(events)
+
+    async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
+        await self._follow_master()
+        return await super().read(keys, host)
+
+    async def _follow_primary(self, pubsub: PubSub) -> None:
+        # A master that was demoted keeps its clients until the sentinels convert it, and a
+        # frozen one keeps them until it thaws: ask the sentinels, and move if they say so.
+        now = time.monotonic()
+        connection = pubsub.connection
+        if now < self._next_poll or connection is None or not connection.is_connected:
+            return
+        self._next_poll = now + _SENTINEL_POLL
+        try:
+            async with asyncio.timeout(self._timeout):
+                host, port = await self._sentinel.discover_master(self.target.service)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a failover under way, or the sentinels unreachable: ask later
+            return
+        if (str(host), int(port)) != (connection.host, connection.port):
+            _log.info(
+                "fanout_subscription_moving",
+                address=self.address,
+                old=f"{connection.host}:{connection.port}",
+                new=f"{host}:{port}",
+            )
+            # The next read reconnects through the sentinels and subscribes again; the resync
+            # that follows must read from the new master too.
+            await self._follow_master(now=True)
+            await connection.disconnect()
+
+    async def close(self) -> None:
+        await super().close()
+        with contextlib.suppress(Exception):
+            await self._sentinel.aclose()
+
+
 class RedisFanout(Fanout):
     """Fan-out through Redis pub/sub, with the latest advanced values stored in Redis.
 
     Args:
-        url: ``redis://[user:password@]host:port/db``; ``None`` reads
-            ``$PURGATORY_AIO_REDIS_URL``. Checked at once (scheme, host, port,
-            database): a ``ValueError`` says what is wrong.
+        url: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, or
+            ``redis+sentinel://[:password@]host:port[,host:port...]/service[?db=0]``
+            (``rediss+sentinel://`` for TLS) to follow a Sentinel-managed master;
+            ``None`` reads ``$PURGATORY_AIO_REDIS_URL``. Checked at once (scheme,
+            hosts, ports, database, service): a ``ValueError`` says what is wrong.
         purgatories: the purgatories events apply to (more with :meth:`attach`).
         prefix: namespace of the channel and the value keys, so several
             applications can share one Redis.
@@ -338,6 +662,12 @@ class RedisFanout(Fanout):
         connect_timeout: seconds to wait for a connection, and for a command.
         subscribe: False for a process that only publishes (a webhook receiver that
             never waits): no subscription connection, nothing applied from others.
+        min_replicas: replicas that must hold a confirmed advance before
+            :meth:`~Fanout.advance_confirmed` returns (Redis ``WAIT``); 0, the
+            default, confirms once the master stored it. Fewer acknowledgements
+            within ``replica_timeout`` fail the confirmation with
+            :class:`FanoutUnavailable` (the value stays stored on the master).
+        replica_timeout: seconds ``WAIT`` waits for the replicas.
     """
 
     def __init__(
@@ -351,16 +681,21 @@ class RedisFanout(Fanout):
         resync_interval: float = 30.0,
         connect_timeout: float = 2.0,
         subscribe: bool = True,
+        min_replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
         resolved = resolve_url(url)
         if not isinstance(prefix, str) or not prefix:
             raise TypeError(f"prefix must be a non-empty str, got {prefix!r}")
-        backend = RedisBackend(
+        engine = SentinelBackend if urlsplit(resolved).scheme.lower() in SENTINEL_SCHEMES else None
+        backend = (engine or RedisBackend)(
             resolved,
             prefix=prefix,
             value_ttl=check_positive_seconds(value_ttl, "value_ttl"),
             timeout=check_positive_seconds(connect_timeout, "connect_timeout"),
             resync_interval=check_positive_seconds(resync_interval, "resync_interval"),
+            min_replicas=check_positive_int(min_replicas, "min_replicas", minimum=0),
+            replica_timeout=check_positive_seconds(replica_timeout, "replica_timeout"),
         )
         super().__init__(
             backend,
@@ -375,4 +710,15 @@ class RedisFanout(Fanout):
         self.channel = backend.channel
 
 
-__all__ = ["ENV_URL", "RedisBackend", "RedisFanout", "check_url", "redacted", "resolve_url"]
+__all__ = [
+    "ENV_URL",
+    "SENTINEL_SCHEMES",
+    "RedisBackend",
+    "RedisFanout",
+    "SentinelBackend",
+    "SentinelTarget",
+    "check_url",
+    "parse_sentinel_url",
+    "redacted",
+    "resolve_url",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword", "sentinel_password"})
 
 
 def redacted(url: str) -> str:

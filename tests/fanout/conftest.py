@@ -8,6 +8,7 @@ import pytest
 from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
 from pg_support import PostgresServer
+from sentinel_support import Sentinels
 
 
 @pytest.fixture
@@ -36,6 +37,25 @@ def redis_shared() -> Iterator[RedisServer]:
     """One redis-server for the tests that do not stop it (each under a prefix of its own)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def sentinel_topology() -> Iterator[Sentinels]:
+    """One master, one replica and three sentinels for the session; use ``sentinels``."""
+    topology = Sentinels()
+    try:
+        topology.start()
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def sentinels(sentinel_topology: Sentinels) -> Sentinels:
+    """The session's Sentinel topology, settled (a test before may have failed it over,
+    killed or frozen a node)."""
+    sentinel_topology.wait_healthy()
+    return sentinel_topology
 
 
 @pytest.fixture(params=ENGINES)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 class RedisServer:
     """One redis-server process; ``kill()`` and ``start()`` again keep the port (an outage)."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, args: Sequence[str] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail(
@@ -61,6 +62,7 @@ class RedisServer:
         self.binary = binary
         self.port = free_port()
         self.password = password
+        self.args = list(args)  # more options (replication, TLS): changed between starts
         self.dir = tempfile.mkdtemp(prefix="purgatory-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -81,6 +83,7 @@ class RedisServer:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port)
 
