@@ -266,6 +266,9 @@ def describe(exc: BaseException, timeout: float) -> str:
         )
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed: {exc.reason or exc}"
+    if isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
+        # asyncpg's words when the server answers the TLS request with "no".
+        return "it does not offer TLS (ssl is off there), and the URL's sslmode requires it"
     if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
         return "a standby (read-only), not the primary the fan-out needs"
     if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):

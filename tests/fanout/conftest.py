@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
-from pg_support import PostgresServer, ReplicatedPair
+from pg_support import PostgresServer, ReplicatedPair, TlsPostgresServer
 
 
 @pytest.fixture
@@ -44,6 +44,13 @@ def replicated(replicated_pair: ReplicatedPair) -> ReplicatedPair:
     before may have failed the primary over, and its corpse is made the new standby."""
     replicated_pair.ensure(sync=False)
     return replicated_pair
+
+
+@pytest.fixture(scope="session")
+def postgres_tls() -> Iterator[TlsPostgresServer]:
+    """A PostgreSQL server with TLS on, its certificates made by the tests (openssl)."""
+    with TlsPostgresServer() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from fanout_support import free_port
 
-__all__ = ["PostgresServer", "ReplicatedPair"]
+__all__ = ["Certificates", "PostgresServer", "ReplicatedPair", "TlsPostgresServer"]
 
 SUPERUSER = "postgres"
 # Created with useradd when neither of the usual unprivileged users exists.
@@ -413,3 +413,77 @@ class ReplicatedPair:
     def __exit__(self, *exc_info: object) -> None:
         for server in (self.primary, self.standby):
             server.__exit__()
+
+
+class Certificates:
+    """A CA and a server certificate it signed for 127.0.0.1 (and nothing else), plus a second
+    CA that signed nothing here: made with the ``openssl`` command in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.ca = self._authority("ca")
+        self.other_ca = self._authority("other-ca")
+        self.key = directory / "server.key"
+        self.cert = directory / "server.crt"
+        request = directory / "server.csr"
+        self._openssl("req", "-newkey", *_EC, "-nodes", "-keyout", str(self.key),
+                      "-out", str(request), "-subj", "/CN=127.0.0.1")  # fmt: skip
+        names = directory / "names.cnf"
+        names.write_text("subjectAltName=IP:127.0.0.1\n")
+        self._openssl("x509", "-req", "-in", str(request), "-CA", str(self.ca),
+                      "-CAkey", str(directory / "ca.key"), "-CAcreateserial", "-days", "2",
+                      "-out", str(self.cert), "-extfile", str(names))  # fmt: skip
+
+    def _authority(self, name: str) -> Path:
+        cert = self.dir / f"{name}.crt"
+        self._openssl("req", "-x509", "-newkey", *_EC, "-nodes", "-days", "2",
+                      "-keyout", str(self.dir / f"{name}.key"), "-out", str(cert),
+                      "-subj", f"/CN=purgatory_aio test {name}")  # fmt: skip
+        return cert
+
+    def _openssl(self, *args: str) -> None:
+        binary = shutil.which("openssl")
+        if binary is None:
+            pytest.fail("the openssl command is not installed: apt-get install -y openssl")
+        done = subprocess.run([binary, *args], capture_output=True, timeout=60, cwd=self.dir)
+        if done.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.decode()[-2000:]}")
+
+
+_EC = ("ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
+
+
+class TlsPostgresServer(PostgresServer):
+    """A server with ``ssl=on`` and a certificate for 127.0.0.1 signed by :attr:`certs`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.certs = Certificates(Path(tempfile.mkdtemp(prefix="purgatory-tls-")))
+
+    def url_tls(self, mode: str = "verify-full", ca: Path | None = None, host: str = "") -> str:
+        root = ca or self.certs.ca
+        address = host or "127.0.0.1"
+        return (
+            f"postgresql://{SUPERUSER}:{self.password}@{address}:{self.port}/postgres"
+            f"?sslmode={mode}&sslrootcert={root}"
+        )
+
+    def initdb(self) -> None:
+        super().initdb()
+        # The server reads its key only if it alone may (0600, its own user).
+        for source in (self.certs.cert, self.certs.key, self.certs.ca):
+            target = self.dir / source.name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if self.owner is not None:
+                os.chown(target, *self.owner)
+        self.settings.update(
+            ssl="on",
+            ssl_cert_file=str(self.dir / self.certs.cert.name),
+            ssl_key_file=str(self.dir / self.certs.key.name),
+            ssl_ca_file=str(self.dir / self.certs.ca.name),
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        super().__exit__()
+        shutil.rmtree(self.certs.dir, ignore_errors=True)
