@@ -27,6 +27,9 @@ started on a free port from Debian's package):
   concerns no local key on the single channel vs a SUBSCRIBE + UNSUBSCRIBE pair
   per watched key).
 
+With PostgreSQL, ``--failovers N`` (default 20) adds a primary with a streaming
+standby and measures what a primary's death costs (see :mod:`bench._pg_failover`).
+
 Another engine is one more :class:`Engine` in :data:`ENGINES`.
 Records go to ``bench/results/fanout/`` (not into the main summary).
 """
@@ -49,6 +52,7 @@ from purgatory_aio import Purgatory
 from purgatory_aio.fanout import Fanout, MemoryFanout, PostgresFanout, RedisFanout, ValueReached
 from purgatory_aio.fanout._base import ADVANCE, encode
 
+from . import _pg_failover
 from ._common import (
     RESULTS_DIR,
     Progress,
@@ -100,6 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--samples", type=int, default=2000, help="latency samples per contender")
     parser.add_argument("--events", type=int, default=20000, help="events in the throughput run")
+    parser.add_argument(
+        "--failovers",
+        type=int,
+        default=20,
+        help="PostgreSQL primaries killed and standbys promoted, timed (0: no failover section)",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR / "fanout")
     parser.add_argument("--plain", action="store_true", help="plain progress lines, no rich")
 
@@ -445,8 +455,14 @@ def main(argv: list[str]) -> int:
     watchers = (1_000, 10_000) if args.quick else WATCHERS
     advances, rounds = (200, 3) if args.quick else (2000, 7)
     chosen = {"all": list(ENGINES), "none": []}.get(args.engine, [args.engine])
+    failovers = min(args.failovers, 3) if args.quick else args.failovers
     with contextlib.ExitStack() as servers:
         urls = {name: servers.enter_context(ENGINES[name].server()) for name in chosen}
+        pair = (
+            servers.enter_context(_test_support("pg_support").ReplicatedPair())
+            if "postgres" in chosen and failovers > 0
+            else None
+        )
         for loop_name in resolve_loops(args.loop, progress):
             global RUN
             RUN = uuid.uuid4().hex[:8]
@@ -466,10 +482,23 @@ def main(argv: list[str]) -> int:
                 more_ratios, more_rows = _engine_rows(name, measured)
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
+            if pair is not None:
+                failover = run_on(
+                    loop_name, lambda: _pg_failover.measure(pair, failovers, args.quick)
+                )
+                results["postgres_failover"] = failover
+                more_ratios, more_rows = _pg_failover.rows(failover)
+                ratios.update(more_ratios)
+                headline.extend(more_rows)
             record: Record = make_record(
                 "fanout",
                 loop_name,
-                {"samples": samples, "events": events, "watchers": list(watchers)},
+                {
+                    "samples": samples,
+                    "events": events,
+                    "watchers": list(watchers),
+                    "failovers": failovers if pair is not None else 0,
+                },
                 results,
                 ratios=ratios,
                 headline=headline,
