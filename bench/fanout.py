@@ -42,6 +42,9 @@ loopback, as the tests start them):
 * **the replica option's cost**: one confirmed advance at a time on a healthy topology,
   with ``min_replicas=1`` against without.
 
+With PostgreSQL, ``--failovers N`` (default 20) adds a primary with a streaming
+standby and measures what a primary's death costs (see :mod:`bench._pg_failover`).
+
 Another engine is one more :class:`Engine` in :data:`ENGINES`.
 Records go to ``bench/results/fanout/`` (not into the main summary).
 """
@@ -71,6 +74,7 @@ from purgatory_aio.fanout import (
 )
 from purgatory_aio.fanout._base import ADVANCE, encode
 
+from . import _pg_failover
 from ._common import (
     RESULTS_DIR,
     Progress,
@@ -127,7 +131,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sentinel", action="store_true", help="measure Redis behind Sentinel too (failovers)"
     )
-    parser.add_argument("--failovers", type=int, default=20, help="master kills to time")
+    parser.add_argument(
+        "--failovers",
+        type=int,
+        default=20,
+        help="failovers timed: Redis masters killed (with --sentinel) and PostgreSQL primaries "
+        "killed with their standbys promoted (0: no PostgreSQL failover section)",
+    )
     parser.add_argument("--acks", type=int, default=10000, help="confirmed advances per kill run")
 
 
@@ -703,10 +713,15 @@ def main(argv: list[str]) -> int:
     watchers = (1_000, 10_000) if args.quick else WATCHERS
     advances, rounds = (200, 3) if args.quick else (2000, 7)
     chosen = {"all": list(ENGINES), "none": []}.get(args.engine, [args.engine])
-    failovers, acks = (3, 1000) if args.quick else (args.failovers, args.acks)
+    failovers, acks = (min(args.failovers, 3), 1000) if args.quick else (args.failovers, args.acks)
     with contextlib.ExitStack() as servers:
         urls = {name: servers.enter_context(ENGINES[name].server()) for name in chosen}
         topology = servers.enter_context(_sentinels()) if args.sentinel else None
+        pair = (
+            servers.enter_context(_test_support("pg_support").ReplicatedPair())
+            if "postgres" in chosen and failovers > 0
+            else None
+        )
         for loop_name in resolve_loops(args.loop, progress):
             global RUN
             RUN = uuid.uuid4().hex[:8]
@@ -735,9 +750,19 @@ def main(argv: list[str]) -> int:
                 more_ratios, more_rows = _sentinel_rows(measured)
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
+            if pair is not None:
+                failover = run_on(
+                    loop_name, lambda: _pg_failover.measure(pair, failovers, args.quick)
+                )
+                results["postgres_failover"] = failover
+                more_ratios, more_rows = _pg_failover.rows(failover)
+                ratios.update(more_ratios)
+                headline.extend(more_rows)
             params = {"samples": samples, "events": events, "watchers": list(watchers)}
             if topology is not None:
                 params |= {"failovers": failovers, "acks": acks}
+            if pair is not None:
+                params |= {"failovers": failovers}
             record: Record = make_record(
                 "fanout",
                 loop_name,

@@ -91,7 +91,7 @@ class FanoutStats:
     recoveries: int = 0
     resyncs: int = 0
     resubscribes: int = 0  # subscriptions re-established after the first
-    failovers: int = 0  # subscriptions re-established on another server (a new primary)
+    failovers: int = 0  # subscriptions re-established on another server than before
     refresh_failures: int = 0  # reads of stored values that failed (retried)
     connected: bool = False  # gauge
     watched_keys: int = 0  # gauge
@@ -198,7 +198,9 @@ class FanoutBackend(ABC):
       and hands it to ``host.deliver``; it reconnects by itself after an error,
       reporting ``host.down(exc)``; and it calls ``host.subscribed()`` each time
       the subscription is (re)established, which is when the fan-out re-reads
-      every watched key. It is not called for a member that only publishes.
+      every watched key; before that, ``host.switched(previous, current)`` when it
+      now reaches another server (a failover). It is not called for a member that
+      only publishes.
     * :meth:`close` releases the connections. It may be abandoned after
       :data:`ABANDON_AFTER` seconds, so nothing may depend on it finishing.
 
@@ -257,6 +259,11 @@ class BackendHost(ABC):
     @abstractmethod
     def down(self, exc: BaseException) -> None:
         """The engine cannot be reached (the backend is retrying)."""
+
+    @abstractmethod
+    def switched(self, previous: str, current: str) -> None:
+        """The subscription now reaches another server than before (a failover): ``previous``
+        and ``current`` name them. :meth:`subscribed` follows, which re-reads every key."""
 
     @abstractmethod
     def foreign_value(self, key: str, raw: object) -> None:
@@ -694,6 +701,13 @@ class Fanout(BackendHost):
             if self._subscribe:
                 # What was read or published meanwhile may have failed: catch up now.
                 self._schedule_resync()
+
+    def switched(self, previous: str, current: str) -> None:
+        self._stats.failovers += 1
+        # At the level of the outage before it: an operator sees where the engine went.
+        _log.warning(
+            "fanout_engine_switched", address=self.address, previous=previous, current=current
+        )
 
     def subscribed(self) -> None:
         self._up()

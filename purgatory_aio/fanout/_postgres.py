@@ -54,10 +54,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, SupportsFloat, cast
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 try:
     import asyncpg
@@ -110,6 +111,10 @@ _FALSE: Final = frozenset({"false", "0", "no", "off"})
 #: The command that prints the DDL, as error messages name it.
 DDL_COMMAND: Final = "python -m purgatory_aio.fanout.postgres_schema"
 
+# The fan-out writes and LISTENs: a session that may land on a standby cannot serve it.
+_WRITABLE_TARGETS: Final = ("read-write", "primary", "any")
+_SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
 #: Shown in pg_stat_activity, so an operator (or a test) can tell the connections apart.
 LISTEN_APPLICATION: Final = "purgatory_aio fanout listen"
 WRITE_APPLICATION: Final = "purgatory_aio fanout write"
@@ -151,19 +156,36 @@ def resolve_url(url: str | None) -> str:
     shown = redacted(chosen)
     try:
         parts = urlsplit(chosen)
-        port = parts.port
     except ValueError as exc:
         raise ValueError(f"not a usable PostgreSQL URL: {shown!r} ({exc})") from None
-    if port == 0:
-        raise ValueError(f"the PostgreSQL URL {shown!r} has port 0: expected 1 to 65535")
     if parts.scheme.lower() not in SCHEMES or not chosen.lower().startswith(f"{parts.scheme}://"):
         raise ValueError(
             f"not a PostgreSQL URL: {shown!r} (expected postgresql://user:password@host:5432/db"
             " or postgres://...)"
         )
+    hosts = url_hosts(chosen)
     query = dict(parse_qsl(parts.query))
-    if not parts.hostname and "host" not in query:
+    if not hosts and "host" not in query:
         raise ValueError(f"the PostgreSQL URL {shown!r} names no host")
+    target = query.get("target_session_attrs")
+    if target is not None and target not in _WRITABLE_TARGETS:
+        raise ValueError(
+            f"the PostgreSQL URL {shown!r} asks for target_session_attrs={target}: the fan-out "
+            "writes and LISTENs, which only a primary accepts; use one of "
+            f"{', '.join(_WRITABLE_TARGETS)} (read-write is the default with several hosts)"
+        )
+    mode = query.get("sslmode")
+    if mode is not None and mode not in _SSL_MODES:
+        raise ValueError(
+            f"the PostgreSQL URL {shown!r} has sslmode={mode}: expected one of "
+            f"{', '.join(_SSL_MODES)}"
+        )
+    for name in ("sslrootcert", "sslcert", "sslkey"):
+        path = query.get(name)
+        if path and path != "system" and not os.access(os.path.expanduser(path), os.R_OK):
+            raise ValueError(
+                f"the PostgreSQL URL {shown!r} names {name}={path}, which is not a readable file"
+            )
     return chosen
 
 
@@ -184,6 +206,51 @@ def url_options(url: str) -> tuple[str, dict[str, str]]:
         return url, {}
     kept = [(name, value) for name, value in pairs if name not in URL_OPTIONS]
     return parts._replace(query=urlencode(kept)).geturl(), options
+
+
+def url_hosts(url: str) -> list[tuple[str, int | None]]:
+    """The ``(host, port)`` pairs in the address of ``url``, in order (``h1:p1,h2:p2`` names
+    several); empty when the address names none (a host in the query, or a socket)."""
+    shown = redacted(url)
+    hostspec = urlsplit(url).netloc.rpartition("@")[2]
+    if not hostspec:
+        return []
+    hosts: list[tuple[str, int | None]] = []
+    for item in hostspec.split(","):
+        if item.startswith("["):  # an IPv6 address: [::1]:5432
+            host, _, rest = item[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else rest
+        else:
+            host, _, port_text = item.partition(":")
+        if not host:
+            raise ValueError(f"the PostgreSQL URL {shown!r} has an empty host in {hostspec!r}")
+        port: int | None = None
+        if port_text:
+            if not port_text.isdigit() or int(port_text) > 65535:
+                raise ValueError(
+                    f"not a usable PostgreSQL URL: {shown!r} (port {port_text!r} of {host} is "
+                    "not a number from 1 to 65535)"
+                )
+            port = int(port_text)
+            if port == 0:
+                raise ValueError(f"the PostgreSQL URL {shown!r} has port 0: expected 1 to 65535")
+        hosts.append((unquote(host), port))
+    return hosts
+
+
+def _target(url: str, hosts: int) -> str | None:
+    """The ``target_session_attrs`` to connect with: the URL's, else ``read-write`` when it
+    names several hosts (a standby takes neither writes nor LISTEN), else asyncpg's default."""
+    chosen = dict(parse_qsl(urlsplit(url).query)).get("target_session_attrs")
+    return chosen or ("read-write" if hosts > 1 else None)
+
+
+class NoHostAnswered(ConnectionError):
+    """No host of a multi-host URL gave a usable connection; ``failures`` says why, per host."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]], timeout: float) -> None:
+        super().__init__("; ".join(f"{host}: {describe(exc, timeout)}" for host, exc in failures))
+        self.failures = failures
 
 
 def _merge_option(name: str, given: object, from_url: str | None, default: object) -> object:
@@ -227,8 +294,26 @@ def _give_up_if_lost(exc: BaseException, conn: Any, drop: Callable[[], None], do
 
 def describe(exc: BaseException, timeout: float) -> str:
     """What went wrong while connecting, in the words of someone configuring a URL."""
-    if isinstance(exc, FanoutUnavailable):
+    if isinstance(exc, FanoutUnavailable | NoHostAnswered):
         return str(exc)
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        reason = exc.verify_message or exc.reason or "refused"
+        if "mismatch" in reason:
+            return (
+                f"its TLS certificate is not valid for the host in the URL ({reason.rstrip('.')}):"
+                " with sslmode=verify-full the URL must name a host the certificate names"
+            )
+        return (
+            f"its TLS certificate could not be verified ({reason}): check sslrootcert in the "
+            "URL, the CA that signed the server's certificate"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed: {exc.reason or exc}"
+    if isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
+        # asyncpg's words when the server answers the TLS request with "no".
+        return "it does not offer TLS (ssl is off there), and the URL's sslmode requires it"
+    if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
+        return "a standby (read-only), not the primary the fan-out needs"
     if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
         return f"it refused the credentials: {exc} (check the user and password in the URL)"
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
@@ -278,6 +363,10 @@ class PostgresBackend(FanoutBackend):
         self.create = bool(_merge_option("create", create, options.get("create"), True))
         self.table = self.names.table_name
         self.channel = self.names.channel
+        # Tried in turn, the last one that answered first (see _open).
+        self._hosts = url_hosts(self.url)
+        self._target = _target(self.url, len(self._hosts))
+        self._server: str | None = None  # where the LISTEN connection is, once made
         self._ttl = value_ttl
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
@@ -320,10 +409,38 @@ class PostgresBackend(FanoutBackend):
     # -- connections -----------------------------------------------------------------------------
 
     async def _open(self, application: str) -> Any:
+        """A connection to the server (with several hosts, the first that is a primary)."""
+        if len(self._hosts) < 2:
+            return await self._connect(application, None)
+        # asyncpg's timeout covers every host together: a frozen first host would spend it
+        # all and the others never be tried. libpq gives each host a timeout of its own, and
+        # so does this. The host that answered last is tried first, so after a failover a
+        # dead or frozen old primary costs one timeout, not one per connection.
+        failures: list[tuple[str, BaseException]] = []
+        for host in list(self._hosts):
+            try:
+                conn = await self._connect(application, host)
+            except (
+                OSError,  # refused, timed out, TLS refused: the next host may do
+                asyncpg.exceptions.TargetServerAttributeNotMatched,  # a standby
+                asyncpg.exceptions.CannotConnectNowError,  # starting up, shutting down
+            ) as exc:
+                failures.append((_where(host), exc))
+                continue
+            if self._hosts[0] != host:
+                self._hosts.remove(host)
+                self._hosts.insert(0, host)
+            return conn
+        raise NoHostAnswered(failures, self._connect_timeout)
+
+    async def _connect(self, application: str, host: tuple[str, int | None] | None) -> Any:
+        where = {} if host is None else {"host": host[0], "port": host[1]}
         return await asyncpg.connect(
             self.url,
+            **where,
             timeout=self._connect_timeout,
             command_timeout=self._command_timeout,
+            target_session_attrs=self._target,
             server_settings={"application_name": application},
         )
 
@@ -435,11 +552,15 @@ class PostgresBackend(FanoutBackend):
 
         try:
             await conn.add_listener(self.channel, notified)
+            server = await conn.fetchval(_SERVER_SQL, timeout=self._command_timeout)
         except BaseException:
             conn.terminate()
             raise
         # LISTEN is in effect once it returns (autocommit): every later commit reaches us.
         self._listener, self._lost = conn, lost
+        previous, self._server = self._server, server
+        if previous is not None and previous != server:
+            host.switched(previous, server)
 
     def _drop_listener(self) -> None:
         conn, self._listener = self._listener, None
@@ -637,6 +758,16 @@ _STATE_SQL: Final = """
     LEFT JOIN pg_namespace n ON n.nspname = $1
     LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $2
 """
+
+# Which server a connection reached, as the server sees it (whatever name the URL gave it).
+_SERVER_SQL: Final = (
+    "SELECT coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'a local socket')"
+)
+
+
+def _where(host: tuple[str, int | None]) -> str:
+    name = f"[{host[0]}]" if ":" in host[0] else host[0]
+    return f"{name}:{host[1] or 5432}"
 
 
 def _literal(text: str) -> str:

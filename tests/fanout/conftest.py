@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
-from pg_support import PostgresServer
+from pg_support import PostgresServer, ReplicatedPair, TlsPostgresServer
 from sentinel_support import Sentinels
 
 
@@ -30,6 +30,28 @@ def postgres(postgres_cluster: PostgresServer) -> PostgresServer:
     """The session's PostgreSQL, running (a test before may have frozen or killed it)."""
     postgres_cluster.ensure_running()
     return postgres_cluster
+
+
+@pytest.fixture(scope="session")
+def replicated_pair() -> Iterator[ReplicatedPair]:
+    """A PostgreSQL primary with a streaming standby, made once per session; use ``replicated``."""
+    with ReplicatedPair() as pair:
+        yield pair
+
+
+@pytest.fixture
+def replicated(replicated_pair: ReplicatedPair) -> ReplicatedPair:
+    """The session's primary and standby, both running and streaming (asynchronously): a test
+    before may have failed the primary over, and its corpse is made the new standby."""
+    replicated_pair.ensure(sync=False)
+    return replicated_pair
+
+
+@pytest.fixture(scope="session")
+def postgres_tls() -> Iterator[TlsPostgresServer]:
+    """A PostgreSQL server with TLS on, its certificates made by the tests (openssl)."""
+    with TlsPostgresServer() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -34,12 +34,13 @@ import asyncpg
 import pytest
 from fanout_support import free_port
 
-__all__ = ["PostgresServer", "admin", "fresh"]
+__all__ = ["Certificates", "PostgresServer", "ReplicatedPair", "TlsPostgresServer", "admin", "fresh"]
 
 SUPERUSER = "postgres"
 # Created with useradd when neither of the usual unprivileged users exists.
 FALLBACK_USER = "purgatory-aio-pg"
-READY_LINE = "database system is ready to accept connections"
+# A primary says "...accept connections", a hot standby "...accept read-only connections".
+READY = re.compile(r"database system is ready to accept (read-only )?connections")
 
 
 def _binaries() -> Path:
@@ -111,10 +112,11 @@ class PostgresServer:
     """One PostgreSQL cluster; ``kill()``/``start()`` keep the port and the data (a crash and a
     restart), ``freeze()``/``thaw()`` stop and continue every process of the server."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.bin = _binaries()
         self.owner = _server_user()
-        self.password = secrets.token_hex(8)
+        self.password = password or secrets.token_hex(8)
+        self.settings: dict[str, str] = {}  # more -c options for start()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="purgatory-pg-", dir=_reachable_temp_root()))
         self.data = self.dir / "data"
@@ -164,6 +166,49 @@ class PostgresServer:
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed: {done.stderr.decode(errors='replace')[-2000:]}")
 
+    def run(self, tool: str, *args: str, timeout: float = 60.0) -> str:
+        """Run one of PostgreSQL's programs as the server's user; its output (raises on failure)."""
+        done = subprocess.run(
+            [str(self.bin / tool), *args],
+            capture_output=True,
+            timeout=timeout,
+            env={**os.environ, "LC_ALL": "C", "HOME": str(self.dir), "PGPASSWORD": self.password},
+            cwd=self.dir,
+            **self._as_owner(),  # type: ignore[call-overload]
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{tool} failed: {done.stderr.decode(errors='replace')[-2000:]}")
+        return str(done.stdout.decode())
+
+    def sql(self, query: str) -> str:
+        """One statement through psql on the server's unix socket (trusted); its output."""
+        return self.run(
+            "psql", "-h", str(self.dir), "-p", str(self.port), "-U", SUPERUSER, "-d", "postgres",
+            "-XAtq", "-c", query, timeout=30,
+        ).strip()  # fmt: skip
+
+    def clone(self, primary: PostgresServer) -> None:
+        """Make this (stopped) server a streaming standby of ``primary``: pg_basebackup -R."""
+        shutil.rmtree(self.data, ignore_errors=True)
+        if self.owner is not None:
+            os.chown(self.dir, *self.owner)
+        self.dir.chmod(0o700)
+        self.password = primary.password
+        self.run(
+            "pg_basebackup",
+            "--host", "127.0.0.1", "--port", str(primary.port), "--username", SUPERUSER,
+            "--pgdata", str(self.data), "--write-recovery-conf", "--wal-method", "stream",
+            "--checkpoint", "fast", "--no-sync",
+        )  # fmt: skip
+        # The copy carries the primary's ALTER SYSTEM settings: a standby promoted alone must
+        # not wait for a standby of its own before each commit.
+        with (self.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write("synchronous_standby_names = ''\n")
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: the standby ends recovery and takes writes (waits for it)."""
+        self.run("pg_ctl", "promote", "--pgdata", str(self.data), "--wait", "--timeout", "30")
+
     def start(self, timeout: float = 30.0) -> None:
         offset = self.log.stat().st_size if self.log.exists() else 0
         args = [
@@ -178,6 +223,8 @@ class PostgresServer:
             "-c", "fsync=off",
             "-c", "full_page_writes=off",
         ]  # fmt: skip
+        for name, value in self.settings.items():
+            args += ["-c", f"{name}={value}"]
         with self.log.open("ab") as log:
             if self.owner is not None:
                 os.chown(self.log, *self.owner)
@@ -195,7 +242,7 @@ class PostgresServer:
         while time.monotonic() < deadline:
             with self.log.open("rb") as log:
                 log.seek(offset)
-                if READY_LINE in log.read().decode(errors="replace"):
+                if READY.search(log.read().decode(errors="replace")):
                     return
             if self.proc.poll() is not None:
                 break
@@ -288,3 +335,175 @@ async def admin(server: PostgresServer) -> AsyncIterator[Any]:
 def fresh(name: str) -> str:
     """A name no earlier test used: the server, and so its tables, last the session."""
     return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+class ReplicatedPair:
+    """A primary and a streaming standby on loopback; :meth:`fail_over` kills (or freezes) the
+    primary and promotes the standby, and :meth:`ensure` makes the dead one the new standby.
+
+    Both ports stay the same for the whole session, so one multi-host URL names the pair
+    whichever of them is the primary.
+    """
+
+    def __init__(self) -> None:
+        first = PostgresServer()
+        self.primary, self.standby = first, PostgresServer(first.password)
+        self.sync = False
+        self.failovers = 0
+
+    @property
+    def servers(self) -> tuple[PostgresServer, PostgresServer]:
+        """Both servers, in the order of the URL (which never changes)."""
+        return tuple(sorted((self.primary, self.standby), key=lambda s: s.dir.name))  # type: ignore[return-value]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{server.port}" for server in self.servers)
+        return (
+            f"postgresql://{SUPERUSER}:{self.primary.password}@{hosts}/postgres"
+            "?target_session_attrs=read-write"
+        )
+
+    def _streaming(self, sync: bool) -> bool:
+        wanted = "sync" if sync else "async"
+        return (
+            self.primary.sql(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' "
+                f"AND sync_state = '{wanted}'"
+            )
+            == "1"
+        )
+
+    def ensure(self, sync: bool = False, timeout: float = 60.0) -> None:
+        """Both running and streaming, the replication synchronous or not as asked."""
+        self.primary.ensure_running()
+        if self.standby.proc is None or self.standby.frozen:
+            self.standby.kill()  # a frozen old primary would come back as a second primary
+            self.standby.clone(self.primary)
+            self.standby.start()
+        if sync != self.sync or self.failovers:
+            names = "'*'" if sync else "''"
+            self.primary.sql(f"ALTER SYSTEM SET synchronous_standby_names = {names}")
+            self.primary.sql("SELECT pg_reload_conf()")
+            self.sync = sync
+            self.failovers = 0
+        deadline = time.monotonic() + timeout
+        while not self._streaming(sync):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby does not stream from the primary")
+            time.sleep(0.05)
+
+    def caught_up(self, timeout: float = 30.0) -> None:
+        """Wait until the standby has replayed everything the primary wrote so far."""
+        deadline = time.monotonic() + timeout
+        query = "SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) FROM pg_stat_replication"
+        while self.primary.sql(query) != "t":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby does not catch up with the primary")
+            time.sleep(0.02)
+
+    def lose_primary(self, freeze: bool = False) -> None:
+        """SIGKILL (or SIGSTOP) the primary; the standby stays a standby until :meth:`promote`."""
+        if freeze:
+            self.primary.freeze()
+        else:
+            self.primary.kill()
+
+    def promote(self) -> None:
+        """Promote the standby: it is the primary now, and the old primary the standby to be."""
+        self.standby.promote()
+        self.primary, self.standby = self.standby, self.primary
+        self.failovers += 1
+
+    def fail_over(self, freeze: bool = False) -> None:
+        """SIGKILL (or SIGSTOP) the primary, then promote the standby."""
+        self.lose_primary(freeze)
+        self.promote()
+
+    def __enter__(self) -> ReplicatedPair:
+        try:
+            self.primary.initdb()
+            self.primary.start()
+            self.ensure()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for server in (self.primary, self.standby):
+            server.__exit__()
+
+
+class Certificates:
+    """A CA and a server certificate it signed for 127.0.0.1 (and nothing else), plus a second
+    CA that signed nothing here: made with the ``openssl`` command in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.ca = self._authority("ca")
+        self.other_ca = self._authority("other-ca")
+        self.key = directory / "server.key"
+        self.cert = directory / "server.crt"
+        request = directory / "server.csr"
+        self._openssl("req", "-newkey", *_EC, "-nodes", "-keyout", str(self.key),
+                      "-out", str(request), "-subj", "/CN=127.0.0.1")  # fmt: skip
+        names = directory / "names.cnf"
+        names.write_text("subjectAltName=IP:127.0.0.1\n")
+        self._openssl("x509", "-req", "-in", str(request), "-CA", str(self.ca),
+                      "-CAkey", str(directory / "ca.key"), "-CAcreateserial", "-days", "2",
+                      "-out", str(self.cert), "-extfile", str(names))  # fmt: skip
+
+    def _authority(self, name: str) -> Path:
+        cert = self.dir / f"{name}.crt"
+        self._openssl("req", "-x509", "-newkey", *_EC, "-nodes", "-days", "2",
+                      "-keyout", str(self.dir / f"{name}.key"), "-out", str(cert),
+                      "-subj", f"/CN=purgatory_aio test {name}")  # fmt: skip
+        return cert
+
+    def _openssl(self, *args: str) -> None:
+        binary = shutil.which("openssl")
+        if binary is None:
+            pytest.fail("the openssl command is not installed: apt-get install -y openssl")
+        done = subprocess.run([binary, *args], capture_output=True, timeout=60, cwd=self.dir)
+        if done.returncode != 0:
+            raise RuntimeError(f"openssl {args[0]} failed: {done.stderr.decode()[-2000:]}")
+
+
+_EC = ("ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
+
+
+class TlsPostgresServer(PostgresServer):
+    """A server with ``ssl=on`` and a certificate for 127.0.0.1 signed by :attr:`certs`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.certs = Certificates(Path(tempfile.mkdtemp(prefix="purgatory-tls-")))
+
+    def url_tls(self, mode: str = "verify-full", ca: Path | None = None, host: str = "") -> str:
+        root = ca or self.certs.ca
+        address = host or "127.0.0.1"
+        return (
+            f"postgresql://{SUPERUSER}:{self.password}@{address}:{self.port}/postgres"
+            f"?sslmode={mode}&sslrootcert={root}"
+        )
+
+    def initdb(self) -> None:
+        super().initdb()
+        # The server reads its key only if it alone may (0600, its own user).
+        for source in (self.certs.cert, self.certs.key, self.certs.ca):
+            target = self.dir / source.name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if self.owner is not None:
+                os.chown(target, *self.owner)
+        self.settings.update(
+            ssl="on",
+            ssl_cert_file=str(self.dir / self.certs.cert.name),
+            ssl_key_file=str(self.dir / self.certs.key.name),
+            ssl_ca_file=str(self.dir / self.certs.ca.name),
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        super().__exit__()
+        shutil.rmtree(self.certs.dir, ignore_errors=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from fanout_support import HANG_GUARD, RedisServer, free_port, wait_for_port
-from pg_support import PostgresServer
+from pg_support import PostgresServer, ReplicatedPair
 
 from purgatory_aio.fanout import fanout_from_url
 
@@ -58,34 +58,49 @@ def engine_server(name: str, request: pytest.FixtureRequest) -> Iterator[Engine]
         yield Engine(cluster.url, cluster.freeze, cluster.thaw)
 
 
+@contextlib.contextmanager
+def uvicorn_workers(engine: Engine) -> Iterator[Workers]:
+    """The example under ``uvicorn --workers 2`` on ``engine``'s URL; stopped by its PID."""
+    port = free_port()
+    env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": engine.url}
+    args = [
+        sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
+        "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--backlog", "16384", "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the supervisor and its workers: one group to stop
+    )
+    try:
+        wait_for_port(port, timeout=30)
+        yield Workers(f"http://127.0.0.1:{port}", engine)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module", params=["redis", "postgres"])
 def workers(request: pytest.FixtureRequest) -> Iterator[Workers]:
-    with engine_server(request.param, request) as engine:
-        port = free_port()
-        env = {**os.environ, "PURGATORY_AIO_FANOUT_URL": engine.url}
-        args = [
-            sys.executable, "-m", "uvicorn", "examples.webhook_acks:app",
-            "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
-            "--backlog", "16384", "--no-access-log", "--log-level", "warning",
-        ]  # fmt: skip
-        proc = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # the supervisor and its workers: one group to stop
-        )
-        try:
-            wait_for_port(port, timeout=30)
-            yield Workers(f"http://127.0.0.1:{port}", engine)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+    with engine_server(request.param, request) as engine, uvicorn_workers(engine) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def standby_workers(replicated_pair: ReplicatedPair) -> Iterator[Workers]:
+    """The example on a PostgreSQL primary with a standby, by its multi-host URL."""
+    replicated_pair.ensure()
+    engine = Engine(replicated_pair.url, replicated_pair.primary.freeze, lambda: None)
+    with uvicorn_workers(engine) as running:
+        yield running
 
 
 @pytest.fixture
@@ -271,6 +286,50 @@ async def test_2000_polls_parked_across_two_workers_are_each_answered_once_by_ac
     results = await asyncio.gather(*polls)
     assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
     assert all(acked for _, acked in results)
+
+
+async def test_polls_parked_across_two_workers_are_answered_once_through_a_failover(
+    standby_workers: Workers, replicated_pair: ReplicatedPair, session: aiohttp.ClientSession
+) -> None:
+    """The primary killed and the standby promoted under 2000 parked polls: every ack a client
+    retries after a 503 is taken by the new primary, and every poll answered once."""
+    n = 2000
+    base = standby_workers.base
+
+    async def wait(i: int) -> tuple[int, bool]:
+        async with session.get(f"{base}/jobs/failover-{i}/wait?timeout_ms=60000") as response:
+            body = await response.json()
+            return i, bool(body["acked"])
+
+    async def ack(i: int) -> int:
+        deadline = time.monotonic() + HANG_GUARD
+        while True:  # as a client honouring Retry-After would
+            async with session.post(f"{base}/jobs/failover-{i}/ack") as response:
+                if response.status != 503 or time.monotonic() > deadline:
+                    return response.status
+            await asyncio.sleep(0.2)
+
+    # Synchronous: a 202 answered before the kill is on the standby (see the operators' page).
+    await asyncio.to_thread(replicated_pair.ensure, True)
+    polls = [asyncio.create_task(wait(i)) for i in range(n)]
+    await parked_in_both(base, n)
+    statuses = list(await asyncio.gather(*(ack(i) for i in range(n // 4))))
+    await asyncio.to_thread(replicated_pair.fail_over)
+    for start in range(n // 4, n, 250):
+        statuses += await asyncio.gather(*(ack(i) for i in range(start, min(n, start + 250))))
+    assert statuses == [202] * n
+    results = await asyncio.gather(*polls)
+    assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
+    assert all(acked for _, acked in results)
+    switched: dict[int, int] = {}
+    deadline = time.monotonic() + HANG_GUARD
+    while len(switched) < 2:  # both workers followed the primary to the promoted standby
+        assert time.monotonic() < deadline, f"failovers seen: {switched}"
+        async with aiohttp.ClientSession() as probe, probe.get(f"{base}/fanout/stats") as r:
+            stats = await r.json()
+        if stats["failovers"] == 1:
+            switched[stats["worker"]] = stats["completed"]
+        await asyncio.sleep(0.05)
 
 
 async def parked_in_both(base: str, n: int) -> None:
