@@ -269,11 +269,6 @@ class BackendHost(ABC):
     def foreign_value(self, key: str, raw: object) -> None:
         """A value stored under ``key`` that the fan-out did not write."""
 
-    @abstractmethod
-    def switched(self, before: str, after: str) -> None:
-        """The subscription was re-established on another server than before (a failover
-        moved the primary): reported before :meth:`subscribed`."""
-
 
 class Fanout(BackendHost):
     """Publishes key events to every process and applies the events of every process locally.
@@ -716,11 +711,6 @@ class Fanout(BackendHost):
             _log.info("fanout_resubscribed", address=self.address)
         self._subscribed_once = True
         self._schedule_resync()
-
-    def switched(self, before: str, after: str) -> None:
-        self._stats.failovers += 1
-        # At the level of the outage that usually precedes it: an operator watching one sees both.
-        _log.warning("fanout_engine_switched", address=self.address, before=before, after=after)
 
     def foreign_value(self, key: str, raw: object) -> None:
         self._receiver.malformed += 1

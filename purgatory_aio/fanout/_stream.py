@@ -22,7 +22,8 @@ from typing import Final, Literal, Self, SupportsFloat
 from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
-from ._base import Fanout, ValueReached, check_key, check_seconds, check_value
+from .._validation import check_seconds
+from ._base import Fanout, ValueReached, check_key, check_value
 
 #: Why a stream ended (:attr:`ValueStream.ended`).
 EndReason = Literal["deadline", "cancelled", "shutdown", "closed", "exhausted"]

@@ -34,7 +34,14 @@ import asyncpg
 import pytest
 from fanout_support import free_port
 
-__all__ = ["Certificates", "PostgresServer", "ReplicatedPair", "TlsPostgresServer", "admin", "fresh"]
+__all__ = [
+    "Certificates",
+    "PostgresServer",
+    "ReplicatedPair",
+    "TlsPostgresServer",
+    "admin",
+    "fresh",
+]
 
 SUPERUSER = "postgres"
 # Created with useradd when neither of the usual unprivileged users exists.
