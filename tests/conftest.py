@@ -102,6 +102,7 @@ CORE_TESTS = (
     "test_purgatory.py",
     "test_purgatory_model.py",
     "test_real_loop.py",
+    "test_relay_parsers.py",
     "test_threshold.py",
     "test_timer.py",
     "test_timer_buckets.py",
