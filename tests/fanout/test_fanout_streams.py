@@ -5,10 +5,14 @@ engine killed and restarted while values flow."""
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import asyncpg
 import pytest
+import redis.asyncio as aioredis
 from engines import Engine, postgres_engine, redis_engine
 from fanout_support import RedisServer, until
 from pg_support import PostgresServer
@@ -261,12 +265,17 @@ async def test_streams_run_on_every_engine(engine: Engine) -> None:
 # -- the engine killed and restarted while values flow -------------------------------------------
 
 
-async def stream_through_an_outage(
-    engine: Engine, kill: Any, restart: Any, key: str = "progress"
+async def stream_through_faults(
+    engine: Engine,
+    faults: dict[int, Callable[[], Awaitable[object]]],
+    *,
+    down: range = range(0),
+    key: str = "progress",
 ) -> None:
-    """One member streams ``key`` while another advances it 1, 2, ...; the engine is killed
-    and restarted in the middle. What the stream yields is strictly increasing, and it ends
-    on the highest value the engine stored."""
+    """One member streams ``key`` while another advances it 1, 2, ..., 40 (each stored
+    before the next); ``faults[v]`` hits the engine just before value ``v``, and advances
+    may fail only while it is ``down``. What the stream yields is strictly increasing, and
+    it ends on the highest value the engine stored."""
     a, b = Purgatory("a"), Purgatory("b")
     async with a, b, engine.make(a) as fa, engine.make(b) as fb:
         seen: list[float] = []
@@ -275,15 +284,14 @@ async def stream_through_an_outage(
         await until(lambda: streaming(a))
         stored = 0
         for value in range(1, 41):
-            if value == 15:
-                await until(lambda: bool(seen) and seen[-1] == 14.0)  # mid-stream
-                kill()
-            if value == 18:
-                restart()
+            fault = faults.get(value)
+            if fault is not None:
+                await until(lambda mark=stored: bool(seen) and seen[-1] == mark)  # mid-stream
+                await fault()
             try:
-                await fb.advance_confirmed(key, value, timeout=0.3 if 15 <= value < 18 else 10)
+                await fb.advance_confirmed(key, value, timeout=0.3 if value in down else 10)
             except FanoutUnavailable:
-                assert 15 <= value < 18  # only while the engine is down
+                assert value in down  # only while the engine is down
                 continue
             stored = value
             if value % 5 == 0:
@@ -297,17 +305,50 @@ async def stream_through_an_outage(
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
         assert released(a)
-        assert fa.stats().outages >= 1 and fa.stats().recoveries >= 1
+        assert fa.stats().outages + fa.stats().resubscribes >= 1
+
+
+def run(action: Callable[[], object]) -> Callable[[], Awaitable[object]]:
+    async def run_it() -> object:
+        return action()
+
+    return run_it
 
 
 async def test_a_stream_survives_redis_killed_and_restarted(redis_server: RedisServer) -> None:
-    await stream_through_an_outage(
-        redis_engine(redis_server), redis_server.kill, redis_server.start
-    )
+    faults = {15: run(redis_server.kill), 18: run(redis_server.start)}
+    await stream_through_faults(redis_engine(redis_server), faults, down=range(15, 18))
 
 
 async def test_a_stream_survives_postgres_killed_and_restarted(postgres: PostgresServer) -> None:
-    await stream_through_an_outage(postgres_engine(postgres), postgres.kill, postgres.start)
+    faults = {15: run(postgres.kill), 18: run(postgres.start)}
+    await stream_through_faults(postgres_engine(postgres), faults, down=range(15, 18))
+
+
+async def test_a_stream_survives_its_redis_connections_cut(redis_server: RedisServer) -> None:
+    async def cut() -> None:
+        admin = aioredis.from_url(redis_server.url)
+        try:
+            for kind in ("pubsub", "normal"):
+                await admin.execute_command("CLIENT", "KILL", "TYPE", kind, "SKIPME", "yes")
+        finally:
+            await admin.aclose()
+
+    await stream_through_faults(redis_engine(redis_server), {10: cut, 20: cut, 30: cut})
+
+
+async def test_a_stream_survives_its_postgres_connections_cut(postgres: PostgresServer) -> None:
+    async def cut() -> None:
+        admin = await asyncpg.connect(postgres.url, timeout=10)
+        try:
+            await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+        finally:
+            await admin.close()
+
+    await stream_through_faults(postgres_engine(postgres), {10: cut, 20: cut, 30: cut})
 
 
 def test_fanout_stream_is_a_value_stream() -> None:
@@ -347,3 +388,37 @@ async def test_closed_streams_leave_no_more_than_the_purgatory_purges() -> None:
             most = max(most, a.watched)
         assert most <= 10 and a.stats().purged > 0
         assert a.stats().cancelled == 400 and a.stats().completed == 200
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_schedules_yield_each_maximum_once_in_order(seed: int) -> None:
+    """Advances from both members, repeated, lower, in bursts; a consumer whose body takes a
+    varying number of loop passes: what comes out only rises, and ends on the maximum."""
+    rng = random.Random(seed)
+    hub = MemoryHub()
+    a, b = Purgatory("a"), Purgatory("b")
+    async with a, b, MemoryFanout(hub, a) as fa, MemoryFanout(hub, b) as fb:
+        sent = [float(rng.randrange(60)) for _ in range(80)]
+        top = max(sent)
+        seen: list[float] = []
+
+        async def consume() -> None:
+            async with fa.stream(a, "k", timeout=60) as values:
+                async for value in values:
+                    seen.append(value)
+                    for _ in range(rng.randrange(4)):
+                        await asyncio.sleep(0)  # a slow body, now and then
+                    if value >= top:
+                        return
+
+        consumer = asyncio.create_task(consume())
+        await until(lambda: streaming(a))
+        for value in sent:
+            rng.choice((fa, fb)).advance("k", value)
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)
+        async with asyncio.timeout(PATIENCE):
+            await consumer
+        assert seen == sorted(set(seen)) and seen[-1] == top
+        assert set(seen) <= set(sent)
+        assert released(a)
