@@ -56,9 +56,10 @@ COMPILED_MODULES = (
 )
 
 #: Hand-written C extensions built beside them, each from ``<name>.c`` in the package:
-#: ``_untrack`` takes pending operations out of the cyclic GC (see ``_gc.py``). The
+#: ``_untrack`` takes pending operations out of the cyclic GC (see ``_gc.py``);
+#: ``_initsig`` gives a compiled class's ``__init__`` the signature help() shows. The
 #: compiled build fails without them, as without any compiled module.
-NATIVE_MODULES = ("_untrack",)
+NATIVE_MODULES = ("_untrack", "_initsig")
 
 #: What compiling needs in the build environment. mypyc type-checks the modules, so the
 #: package's own dependencies must be there for their type information (nothing of the
@@ -145,7 +146,6 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
         extensions = mypycify(sources, opt_level="3", debug_level="0")
         _clear_weakrefs_on_dealloc(extensions)
         _carry_docs(extensions, docs["c"])
-        _show_init_signatures(extensions)
         extensions += [
             Extension(f"{_PACKAGE}.{name}", [f"{_PACKAGE}/{name}.c"], extra_compile_args=["-O2"])
             for name in NATIVE_MODULES
@@ -229,7 +229,8 @@ def collect_docs(root: Path) -> dict[str, Any]:
     each module's top-level classes and functions and each class's methods, as the
     interpreter would define them. ``c``: by the prefix mypyc names a class's (or a
     module's) C functions with, the docstring of each method, function and property;
-    ``runtime``: by module, the docstring of each class.
+    ``runtime``: by module, the docstring of each class, and of each class's own
+    ``__init__`` (empty for none) under ``inits``.
     """
     c_docs: dict[str, dict[str, str]] = {}
     runtime: dict[str, dict[str, Any]] = {}
@@ -237,11 +238,15 @@ def collect_docs(root: Path) -> dict[str, Any]:
         path = root / _PACKAGE / f"{name}.py"
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         classes: dict[str, str | None] = {}
+        inits: dict[str, str] = {}
         owners: list[tuple[str, list[ast.stmt]]] = [(name, tree.body)]
         for node in _definitions(tree.body):
             if isinstance(node, ast.ClassDef):
                 classes[node.name] = _docstring(node)
                 owners.append((f"{name}___{node.name}", node.body))
+                for member in _definitions(node.body):
+                    if isinstance(member, ast.FunctionDef) and member.name == "__init__":
+                        inits[node.name] = _docstring(member) or ""
         for prefix, body in owners:
             for node in _definitions(body):
                 if isinstance(node, ast.AsyncFunctionDef):
@@ -254,7 +259,7 @@ def collect_docs(root: Path) -> dict[str, Any]:
                 doc = _docstring(node)
                 if doc:
                     c_docs.setdefault(prefix, {})[node.name] = doc
-        runtime[f"{_PACKAGE}.{name}"] = {"classes": classes}
+        runtime[f"{_PACKAGE}.{name}"] = {"classes": classes, "inits": inits}
     return {"c": c_docs, "runtime": runtime}
 
 
@@ -359,50 +364,6 @@ def _carry_docs(extensions: list[Any], docs: dict[str, dict[str, str]]) -> None:
             "this mypyc version writes its method tables differently: the docstrings of "
             f"{', '.join(f'{prefix}.{name}' for prefix, name in missing)} could not be "
             f"placed by {Path(__file__).name}"
-        )
-
-
-#: A class's ``__init__`` in its method table, and the definition of the wrapper it names.
-_INIT_ENTRY = re.compile(
-    r'(?P<head>\{"__init__",\s*\(PyCFunction\)(?P<wrapper>CPyPy_\w+_____init__),\s*)'
-    r"(?P<flags>[\w |]+),"
-)
-_INIT_WRAPPER = "PyObject *{}(PyObject *self, PyObject *args, PyObject *kw) {{"
-
-
-def _show_init_signatures(extensions: list[Any]) -> None:
-    """Make ``help(Class.__init__)`` show a compiled class's parameters.
-
-    mypyc lists each ``__init__`` in its class's method table with the text signature
-    of its parameters, but ``PyType_Ready`` puts the generic slot wrapper there first
-    (``(self, /, *args, **kwargs)``) and keeps it. ``METH_COEXIST`` makes the listed
-    method replace it in the class's dict; the C slot that constructs instances stays
-    mypyc's own. The flags also become ``METH_VARARGS``: mypyc writes that wrapper with
-    a tuple and a dict of arguments (as the slot calls it), not the fast-call convention
-    its entry claims, which the checks below hold it to.
-    """
-    found = 0
-    for extension in extensions:
-        for source in extension.sources:
-            path = Path(source)
-            text = path.read_text()
-
-            def coexist(match: re.Match[str], text: str = text) -> str:
-                if _INIT_WRAPPER.format(match["wrapper"]) not in text:
-                    raise BuildError(
-                        f"this mypyc version writes {match['wrapper']} differently: "
-                        f"{Path(__file__).name} cannot list it as __init__"
-                    )
-                return f"{match['head']}METH_VARARGS | METH_KEYWORDS | METH_COEXIST,"
-
-            patched, count = _INIT_ENTRY.subn(coexist, text)
-            found += count
-            if count:
-                path.write_text(patched)
-    if not found:
-        raise BuildError(
-            "this mypyc version lists no __init__ in its method tables: "
-            f"{Path(__file__).name} cannot give help() their signatures"
         )
 
 

@@ -50,13 +50,23 @@ def restore_docs() -> None:
     functions and properties into the extensions themselves; a class cannot take its
     own there, so the build leaves them in a file beside the extensions, which this
     applies at import. (The compiled modules hold no coroutine function: the core's
-    coroutines are interpreted, see ``_shell``.)
+    coroutines are interpreted, see ``_shell``.) Each class's ``__init__`` gets its
+    parameters there too, from the class's own text signature (see ``_initsig.c``).
     """
+    from . import _initsig  # the compiled build's only
+
     data: dict[str, Any] = json.loads(Path(__file__).with_name(_DOCS_FILE).read_text())
     for module_name, entries in data.items():
         module = importlib.import_module(module_name)
         for name, doc in entries["classes"].items():
             getattr(module, name).__doc__ = doc
+        for name, doc in entries["inits"].items():
+            cls = getattr(module, name)
+            signature = cls.__text_signature__  # mypyc's: "(timeout)"
+            if signature is not None:
+                params = signature[1:-1]
+                text = f"__init__($self{', ' if params else ''}{params})\n--\n\n{doc}"
+                _initsig.show_init_signature(cls, text)
 
 
 #: The file ``hatch_build.py`` writes beside the compiled extensions (its DOCS_FILE).

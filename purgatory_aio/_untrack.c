@@ -20,6 +20,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_native_slots.h"
+
 /* Documented API only (one named exception on 3.12, below), and no look into the layout
  * of an object the interpreter manages (its instance dict in particular): the same
  * source serves 3.11, 3.12 and 3.13, whatever each does with instance dicts. */
@@ -232,20 +234,10 @@ free_module(void *module)
     clear_module((PyObject *)module);
 }
 
-/* Multi-phase initialisation, and an explicit stance on the GIL: the compiled core is
- * built and tested for interpreters with the GIL only (a free-threaded interpreter gets
- * the pure build from `pip install`), so this module says it needs the GIL; imported
- * into a free-threaded interpreter anyway, it turns the GIL on with the interpreter's
- * own warning rather than run untested. */
+/* Multi-phase initialisation; no subinterpreters, the GIL needed (_native_slots.h). */
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, exec_module},
-#ifdef Py_mod_multiple_interpreters
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
-#endif
-#ifdef Py_mod_gil
-    {Py_mod_gil, Py_MOD_GIL_USED},
-#endif
-    {0, NULL},
+    PURGATORY_AIO_NATIVE_SLOTS,
 };
 
 static struct PyModuleDef module_def = {

@@ -20,6 +20,7 @@ import pydoc
 import re
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,47 @@ def test_help_on_init_shows_the_parameters_of_every_public_class(
     text = pydoc.render_doc(DelayedOperation.__init__, renderer=pydoc.plaintext)
     assert "*args" not in text
     assert re.search(r"__init__\(self, (/, )?timeout\b", text)
+    if purgatory_aio.compiled:
+        # Still the slot wrapper of mypyc's C initialiser (see _initsig.c), which a
+        # subclass inheriting __init__ keeps calling directly.
+        init = DelayedOperation.__dict__["__init__"]
+        assert isinstance(init, types.WrapperDescriptorType)
+
+
+def test_only_a_compiled_class_s_own_slot_wrapper_takes_a_signature() -> None:
+    if not purgatory_aio.compiled:
+        pytest.skip("_initsig is the compiled build's")
+    from purgatory_aio import DelayedOperation, _initsig
+
+    class Interpreted:
+        def __init__(self) -> None:
+            pass
+
+    class Inheriting(DelayedOperation[None]):
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> None:
+            pass
+
+        def on_expiration(self) -> None:
+            pass
+
+    before = DelayedOperation.__dict__["__init__"]
+    cases: list[tuple[Any, Any, type[Exception], str]] = [
+        (DelayedOperation, b"__init__($self)", TypeError, "cls a class, doc a str"),
+        ("DelayedOperation", "__init__($self)", TypeError, "cls a class, doc a str"),
+        (int, "__init__($self)\n--\n\n", TypeError, "int is a static type"),
+        (DelayedOperation, "timeout)\n--\n\n", ValueError, "must start with"),
+        (DelayedOperation, "__init__($self)\x00", ValueError, "no NUL character"),
+        (Interpreted, "__init__($self)\n--\n\n", TypeError, "is not the slot wrapper"),
+        (Inheriting, "__init__($self)\n--\n\n", TypeError, "has no __init__ of its own"),
+    ]
+    for cls, doc, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            _initsig.show_init_signature(cls, doc)
+    assert DelayedOperation.__dict__["__init__"] is before
+    assert "__init__" not in vars(Inheriting)
 
 
 def test_signatures_of_bound_methods_leave_self_out() -> None:
@@ -262,9 +304,10 @@ def test_restoring_the_docs_twice_changes_nothing() -> None:
 
     if not purgatory_aio.compiled:
         pytest.skip("only the compiled build restores docstrings at import")
-    shutdown = Purgatory.__dict__["shutdown"]
+    shutdown, init = Purgatory.__dict__["shutdown"], Purgatory.__dict__["__init__"]
     _native.restore_docs()
     assert Purgatory.__dict__["shutdown"] is shutdown
+    assert Purgatory.__dict__["__init__"] is init
 
 
 @pytest.mark.parametrize(
