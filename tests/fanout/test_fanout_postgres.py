@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 from fanout_support import RedisServer, free_port, until
-from pg_support import PostgresServer, admin, fresh
+from pg_support import PostgresServer, admin, fresh, pair, parked
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, PostgresFanout, fanout_from_url
@@ -38,24 +38,6 @@ async def terminate(server: PostgresServer, application: str) -> int:
             application,
         )
     return killed
-
-
-async def parked(fanout: PostgresFanout, purgatory: Purgatory, key: str) -> asyncio.Task[Any]:
-    before = purgatory.num_delayed
-    task = asyncio.create_task(fanout.wait_for_value(purgatory, key, 1, 60))
-    await until(lambda: purgatory.num_delayed == before + 1)
-    return task
-
-
-def pair(server: PostgresServer, name: str, **options: Any) -> tuple[Any, ...]:
-    a, b = Purgatory("a"), Purgatory("b")
-    prefix = fresh(name)
-    return (
-        a,
-        b,
-        PostgresFanout(server.url, a, prefix=prefix, **options),
-        PostgresFanout(server.url, b, prefix=prefix, **options),
-    )
 
 
 async def test_a_terminated_listen_connection_is_re_established_and_caught_up(
