@@ -22,6 +22,7 @@ from ._base import FanoutStats as FanoutStats
 from ._base import FanoutUnavailable as FanoutUnavailable
 from ._base import MalformedMessage as MalformedMessage
 from ._base import ValueReached as ValueReached
+from ._base import check_label as check_label
 from ._factory import ENV_FANOUT_URL as ENV_FANOUT_URL
 from ._factory import fanout_from_url as fanout_from_url
 from ._memory import MemoryFanout as MemoryFanout
@@ -50,6 +51,7 @@ __all__ = [
     "PostgresFanout",
     "RedisFanout",
     "ValueReached",
+    "check_label",
     "fanout_from_url",
 ]
 
