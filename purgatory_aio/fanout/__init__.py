@@ -22,6 +22,7 @@ from ._base import FanoutStats as FanoutStats
 from ._base import FanoutUnavailable as FanoutUnavailable
 from ._base import MalformedMessage as MalformedMessage
 from ._base import ValueReached as ValueReached
+from ._base import check_label as check_label
 from ._factory import ENV_FANOUT_URL as ENV_FANOUT_URL
 from ._factory import fanout_from_url as fanout_from_url
 from ._memory import MemoryFanout as MemoryFanout
@@ -49,6 +50,7 @@ __all__ = [  # noqa: RUF022
     "ValueStream",
     "MAX_LABELS",
     "MAX_LABEL_CHARS",
+    "check_label",
     "FanoutStats",
     "FanoutUnavailable",
     "MalformedMessage",

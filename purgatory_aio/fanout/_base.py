@@ -473,6 +473,9 @@ class Fanout(BackendHost):
 
         The key's stored value is read from the engine after the operation is
         admitted, so an advance published before the watch began completes it.
+
+        The event log names ``op`` by its class's ``op_type``: to label a
+        :class:`ValueReached`, build it from ``ValueReached.labelled(label)``.
         """
         key = check_key(key, self._max_key)
         self.attach(purgatory)

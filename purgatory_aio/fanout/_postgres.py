@@ -374,20 +374,15 @@ class PostgresBackend(FanoutBackend):
         table = self.names.table
         # One statement for every kind of event, so a batch is one executemany and its
         # notifications keep the order of the events. $1 kind, $2 key, $3 value, $4 message.
-        self._publish_sql = f"""
-            WITH raised AS (
-                INSERT INTO {table} AS stored (key, value, updated_at)
-                SELECT $2::text, $3::float8, now() WHERE $1::text = '{ADVANCE}'
-                ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()
-                -- raise to the greater one; replace a NaN, an infinity or a NULL someone
-                -- else stored (none is a value this fan-out writes: each is foreign)
-                WHERE stored.value < excluded.value OR stored.value IS NULL
-                    OR stored.value IN ('NaN'::float8, 'Infinity'::float8)
-                RETURNING 1
-            )
-            SELECT pg_notify({_literal(self.channel)}, $4::text)
-            WHERE $1::text <> '{ADVANCE}' OR EXISTS (SELECT 1 FROM raised)
-        """
+        self._publish_sql = _publish_statement(table, self.channel, "$1", "$2", "$3", "$4")
+        # The same for the caller's own psycopg connection (advance_in), and for SQLAlchemy's
+        # text(), which turns :name into its driver's placeholders.
+        self._publish_psycopg = _publish_statement(
+            table, self.channel, "%(kind)s", "%(key)s", "%(value)s", "%(message)s"
+        )
+        self._publish_named = _publish_statement(
+            table, self.channel, ":kind", ":key", ":value", ":message"
+        )
         self._read_sql = f"SELECT key, value FROM {table} WHERE key = ANY($1::text[])"
         self._expire_sql = f"""
             DELETE FROM {table} WHERE ctid = ANY(ARRAY(
@@ -620,14 +615,31 @@ class PostgresBackend(FanoutBackend):
         await self._maybe_expire(conn)
         return [None] * len(rows)
 
-    async def store_and_publish_in(self, conn: Any, key: str, value: float, message: str) -> None:
+    async def store_and_publish_in(
+        self, conn: Any, driver: str, key: str, value: float, message: str
+    ) -> None:
         """The advance's statement on the caller's own connection (see
-        :meth:`PostgresFanout.advance_in`)."""
+        :meth:`PostgresFanout.advance_in`); ``driver`` as :func:`driver_of` names it."""
         try:
-            await conn.execute(
-                self._publish_sql, ADVANCE, key, value, message, timeout=self._command_timeout
-            )
-        except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError):
+            if driver == "asyncpg":
+                await conn.execute(
+                    self._publish_sql, ADVANCE, key, value, message, timeout=self._command_timeout
+                )
+            else:
+                params = {"kind": ADVANCE, "key": key, "value": value, "message": message}
+                # The caller's driver has no timeout of its own per statement: bounded here,
+                # as asyncpg's is (a cancelled statement leaves the caller's transaction to
+                # roll back, as any failed statement does).
+                async with asyncio.timeout(self._command_timeout):
+                    if driver == "psycopg":
+                        await conn.execute(self._publish_psycopg, params)
+                    else:
+                        from sqlalchemy import text
+
+                        await conn.execute(text(self._publish_named), params)
+        except Exception as exc:
+            if _sqlstate(exc) not in _MISSING_TABLE:
+                raise
             raise FanoutUnavailable(
                 f"the table {self.names.shown} does not exist at {self.address}: start a fan-out "
                 "with this prefix once (it creates the table) before advancing in a transaction, "
@@ -742,6 +754,70 @@ class PostgresBackend(FanoutBackend):
 
 _INF: Final = float("inf")
 
+#: SQLSTATEs of a missing table (undefined_table) and of a missing schema (invalid_schema_name).
+_MISSING_TABLE: Final = frozenset({"42P01", "3F000"})
+
+
+def _publish_statement(
+    table: str, channel: str, kind: str, key: str, value: str, message: str
+) -> str:
+    """The advance / check / cancel statement, with the driver's placeholders (each used as
+    CAST(... AS type): SQLAlchemy's text() would read ``:key::text`` as a parameter ``key:``)."""
+    return f"""
+        WITH raised AS (
+            INSERT INTO {table} AS stored (key, value, updated_at)
+            SELECT CAST({key} AS text), CAST({value} AS float8), now()
+            WHERE CAST({kind} AS text) = '{ADVANCE}'
+            ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = now()
+            -- raise to the greater one; replace a NaN, an infinity or a NULL someone
+            -- else stored (none is a value this fan-out writes: each is foreign)
+            WHERE stored.value < excluded.value OR stored.value IS NULL
+                OR stored.value IN (CAST('NaN' AS float8), CAST('Infinity' AS float8))
+            RETURNING 1
+        )
+        SELECT pg_notify({_literal(channel)}, CAST({message} AS text))
+        WHERE CAST({kind} AS text) <> '{ADVANCE}' OR EXISTS (SELECT 1 FROM raised)
+    """
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a driver's error, also when SQLAlchemy wraps it (``orig``)."""
+    for candidate in (exc, getattr(exc, "orig", None), exc.__cause__):
+        state = getattr(candidate, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
+def driver_of(conn: object) -> str:
+    """Which driver's connection ``conn`` is: ``asyncpg`` (a connection or a pool's),
+    ``psycopg`` (an ``AsyncConnection``) or ``sqlalchemy`` (an ``AsyncConnection`` or
+    ``AsyncSession`` on PostgreSQL); a ``TypeError`` for anything else. The optional drivers
+    are imported only when ``conn`` comes from one of them."""
+    if isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        return "asyncpg"
+    module = type(conn).__module__
+    if module.startswith("psycopg"):
+        import psycopg
+
+        if isinstance(conn, psycopg.AsyncConnection):
+            return "psycopg"
+    if module.startswith("sqlalchemy"):
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+        if isinstance(conn, AsyncConnection | AsyncSession):
+            dialect = (conn.get_bind() if isinstance(conn, AsyncSession) else conn).dialect
+            if dialect.name != "postgresql":
+                raise TypeError(
+                    f"conn must be on PostgreSQL, got a SQLAlchemy {dialect.name} connection"
+                )
+            return "sqlalchemy"
+    raise TypeError(
+        "conn must be an asyncpg connection (or a pool's), a psycopg AsyncConnection or a "
+        f"SQLAlchemy AsyncConnection or AsyncSession, got {type(conn).__name__}"
+    )
+
+
 # Whether the schema and the table exist, and what the connected role may do with them:
 # read from the catalogs, never by trying (a refused statement would end the transaction).
 # $1 schema, $2 table (both checked identifiers, passed as values all the same).
@@ -846,28 +922,27 @@ class PostgresFanout(Fanout):
     async def advance_in(self, conn: Any, key: str, value: SupportsFloat) -> None:
         """Advance ``key`` to ``value`` as part of the caller's own transaction on ``conn``.
 
-        ``conn`` is an asyncpg connection (or a pool's) of the caller's, usually inside
-        ``async with conn.transaction():`` beside the write the value stands for (``UPDATE
-        orders SET version = ...``). The stored value and the notification commit with
-        that write, or roll back with it: no waiter hears of a change that did not happen,
-        and none misses one that did. Nothing applies here at the call: every member of the
-        fan-out, this one included, applies the advance when its notification arrives,
-        that is once the transaction commits (outside a transaction, at once). The value
-        merges by max as :meth:`advance`'s does.
+        ``conn`` is the caller's own connection, usually inside a transaction beside the
+        write the value stands for (``UPDATE orders SET version = ...``): an asyncpg
+        connection (or a pool's) in ``async with conn.transaction():``, a psycopg 3
+        ``AsyncConnection`` (the ``psycopg`` extra), or a SQLAlchemy ``AsyncConnection`` or
+        ``AsyncSession`` on PostgreSQL with either driver (the ``sqlalchemy`` extra). The
+        stored value and the notification commit with that write, or roll back with it: no
+        waiter hears of a change that did not happen, and none misses one that did. Nothing
+        applies here at the call: every member of the fan-out, this one included, applies
+        the advance when its notification arrives, that is once the transaction commits
+        (outside a transaction, at once). The value merges by max as :meth:`advance`'s does.
 
         Raises:
             TypeError, ValueError: bad ``conn``, ``key`` or ``value``, before anything is
                 sent (the caller's transaction is left as it was).
             FanoutUnavailable: the fan-out's table does not exist in that database.
         """
-        if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
-            raise TypeError(
-                f"conn must be an asyncpg connection (or a pool's), got {type(conn).__name__}"
-            )
+        driver = driver_of(conn)
         key = check_key(key, self._max_key)
         number = check_value(value)
         # No origin: the message is not one this member published and applied already, so
         # every member applies it, this one too.
         message = encode(ADVANCE, key, number)
         backend = cast(PostgresBackend, self.backend)  # the one this class was built with
-        await backend.store_and_publish_in(conn, key, number, message)
+        await backend.store_and_publish_in(conn, driver, key, number, message)

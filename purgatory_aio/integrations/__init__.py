@@ -30,7 +30,7 @@ from typing import Any, SupportsFloat, TypeVar
 from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory, PurgatoryStats
-from ..fanout import Fanout, ValueReached
+from ..fanout import Fanout, ValueReached, check_label
 from ._events import last_event_value as last_event_value
 from ._events import server_sent_events as server_sent_events
 from ._health import Readiness as Readiness
@@ -49,6 +49,7 @@ __all__ = [
     "never_disconnected",
     "readiness",
     "server_sent_events",
+    "route_label",
     "wait_for_value_until_disconnected",
     "watch_until_disconnected",
 ]
@@ -264,6 +265,16 @@ async def wait_for_value_until_disconnected(
     return await watch_until_disconnected(
         purgatory, op, (op.key,), on_disconnect, threshold=op.threshold
     )
+
+
+def route_label(template: object) -> str | None:
+    """A route's template as the label of the waits its handler parks (the event log's
+    ``op_type``), or None when it cannot be one (not a str, empty, too long, unprintable):
+    a label the application did not choose never fails a request."""
+    try:
+        return check_label(template)
+    except (TypeError, ValueError):
+        return None
 
 
 class _Withdrawal:

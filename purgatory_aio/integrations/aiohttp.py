@@ -345,8 +345,7 @@ async def wait_for_value(
 def _route_template(request: web.Request) -> str | None:
     """The template of the route that matched (``/orders/{id}/status``), or None."""
     resource = request.match_info.route.resource
-    template = resource.canonical if resource is not None else None
-    return template if isinstance(template, str) and template else None
+    return _common.route_label(resource.canonical if resource is not None else None)
 
 
 async def value_events(

@@ -452,8 +452,7 @@ async def wait_for_value(
 def _route_template(request: Request) -> str | None:
     """The template of the route that matched (``/orders/{id}/status``), or None."""
     route = request.scope.get("route")
-    template = getattr(route, "path_format", None) or getattr(route, "path", None)
-    return template if isinstance(template, str) and template else None
+    return _common.route_label(getattr(route, "path_format", None) or getattr(route, "path", None))
 
 
 async def value_events(

@@ -12,6 +12,7 @@ Every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -32,7 +33,10 @@ from typing import Any
 
 import asyncpg
 import pytest
-from fanout_support import free_port
+from fanout_support import free_port, until
+
+from purgatory_aio import Purgatory
+from purgatory_aio.fanout import PostgresFanout
 
 __all__ = [
     "Certificates",
@@ -41,6 +45,8 @@ __all__ = [
     "TlsPostgresServer",
     "admin",
     "fresh",
+    "pair",
+    "parked",
 ]
 
 SUPERUSER = "postgres"
@@ -514,3 +520,23 @@ class TlsPostgresServer(PostgresServer):
     def __exit__(self, *exc_info: object) -> None:
         super().__exit__()
         shutil.rmtree(self.certs.dir, ignore_errors=True)
+
+
+def pair(server: PostgresServer, name: str, **options: Any) -> tuple[Any, ...]:
+    """Two purgatories and a member on each, under a prefix no other test uses (not started)."""
+    a, b = Purgatory("a"), Purgatory("b")
+    prefix = fresh(name)
+    return (
+        a,
+        b,
+        PostgresFanout(server.url, a, prefix=prefix, **options),
+        PostgresFanout(server.url, b, prefix=prefix, **options),
+    )
+
+
+async def parked(fanout: PostgresFanout, purgatory: Purgatory, key: str) -> asyncio.Task[Any]:
+    """A wait for ``key`` to reach 1, once the purgatory holds it."""
+    before = purgatory.num_delayed
+    task = asyncio.create_task(fanout.wait_for_value(purgatory, key, 1, 60))
+    await until(lambda: purgatory.num_delayed == before + 1)
+    return task

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from fanout_support import RedisServer, until
-from pg_support import PostgresServer, admin, fresh
+from pg_support import PostgresServer, admin, fresh, pair
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import FanoutUnavailable, PostgresFanout, RedisFanout
@@ -56,14 +56,6 @@ async def park(fanout: Any, purgatory: Purgatory, keys: list[str]) -> dict[str, 
     return waits
 
 
-def members(server: PostgresServer, name: str) -> tuple[Any, ...]:
-    """Two purgatories and a member on each, under a prefix of their own."""
-    prefix = fresh(name)
-    a, b = Purgatory("a"), Purgatory("b")
-    fa = PostgresFanout(server.url, a, prefix=prefix)
-    return a, b, fa, PostgresFanout(server.url, b, prefix=prefix)
-
-
 async def check_numbers_and_non_finite(
     fa: Any, fb: Any, a: Purgatory, non_finite: list[str], malformed_before: int = 0
 ) -> dict[str, asyncio.Task[Any]]:
@@ -87,7 +79,7 @@ async def check_numbers_and_non_finite(
 
 
 async def test_every_kind_of_foreign_row_in_postgres(postgres: PostgresServer) -> None:
-    a, b, fa, fb = members(postgres, "foreign_all")
+    a, b, fa, fb = pair(postgres, "foreign_all")
     async with a, b, fa, fb, admin(postgres) as conn:
         rows = [(key, raw) for key, (raw, _) in NUMBERS.items()] + list(NON_FINITE_PG.items())
         await conn.executemany(
@@ -103,7 +95,7 @@ async def test_text_where_a_number_belongs_in_postgres(postgres: PostgresServer)
     """An operator turns the value column into text under running members and stores text:
     reads count it and go on, publishing fails event by event with the server's reason, a
     new member refuses to start in one line; turned back, everything works again."""
-    a, b, fa, fb = members(postgres, "foreign_text")
+    a, b, fa, fb = pair(postgres, "foreign_text")
     async with a, b, fa, fb, admin(postgres) as conn:
         await conn.execute("SET lock_timeout = '5s'")
         await conn.execute(f"ALTER TABLE {fa.table} ALTER COLUMN value TYPE text")

@@ -17,6 +17,7 @@ from purgatory_aio import Purgatory
 from purgatory_aio.events import OperationEvent
 from purgatory_aio.fanout import MAX_LABEL_CHARS, MAX_LABELS, MemoryFanout, ValueReached
 from purgatory_aio.fanout import _base as fanout_base
+from purgatory_aio.integrations import route_label
 from purgatory_aio.integrations.aiohttp import setup_purgatories
 from purgatory_aio.integrations.aiohttp import wait_for_value as aiohttp_wait_for_value
 from purgatory_aio.integrations.fastapi import PurgatoryLifespan
@@ -146,3 +147,33 @@ async def test_a_wait_in_an_aiohttp_handler_is_labelled_with_its_route_template(
         app.router.add_get(template, wait)
     async with serve_aiohttp(app) as served:
         await answer_each_route(records, fanout, served.url)
+
+
+def test_a_route_template_that_cannot_be_a_label_leaves_the_wait_unlabelled() -> None:
+    """The default label is the application's route, not its choice: it never fails a
+    request; the wait is then named by its class."""
+    assert route_label("/orders/{id}/status") == "/orders/{id}/status"
+    for template in (None, "", "/" + "x" * MAX_LABEL_CHARS, "/a\tb", 7):
+        assert route_label(template) is None
+
+
+async def test_a_wait_on_a_route_too_long_to_be_a_label_still_answers() -> None:
+    records = Records()
+    purgatory, fanout = Purgatory("acks", event_sink=records), MemoryFanout()
+    app = FastAPI(lifespan=PurgatoryLifespan(purgatory, fanout=fanout))
+    long_route = "/" + "x" * MAX_LABEL_CHARS + "/{job}"
+
+    @app.get(long_route)
+    async def wait(request: Request, job: str) -> float | None:
+        return await fastapi_wait_for_value(request, job, 1, 30)
+
+    async with (
+        serve_asgi(app) as served,
+        httpx.AsyncClient(base_url=served.url, timeout=HANG_GUARD) as client,
+    ):
+        poll = asyncio.ensure_future(client.get(long_route.replace("{job}", "j")))
+        await until(lambda: fanout.watched_keys() == ["j"])
+        fanout.advance("j", 1)
+        assert (await poll).json() == 1.0
+        await until(lambda: len(records.events) == 1)
+    assert records.op_types() == [("ValueReached", "completed")]
