@@ -38,7 +38,8 @@ loopback, as the tests start them):
   by the new master, applied by the other member), p50/p99;
 * **confirmed acks lost**: ``--acks`` confirmed advances on as many keys, 64 at a time,
   the master killed halfway; how many of those confirmed are missing on the new master,
-  per 10,000, without and with ``min_replicas=1``;
+  per 10,000, without and with ``min_replicas=1``; again with the replica lagging (frozen
+  and its link cut from halfway, the master killed at three quarters);
 * **the replica option's cost**: one confirmed advance at a time on a healthy topology,
   with ``min_replicas=1`` against without.
 
@@ -544,12 +545,14 @@ async def _failover_recovery(topology: Any, failovers: int) -> list[float]:
     return sorted(times)
 
 
-async def _acks_lost(topology: Any, acks: int, replicas: int) -> dict[str, float]:
-    """Confirmed advances missing on the new master after the old one was killed halfway."""
+async def _acks_lost(topology: Any, acks: int, replicas: int, lagging: bool) -> dict[str, float]:
+    """Confirmed advances missing on the new master after the old one was killed: halfway,
+    or (``lagging``) with the replica frozen and its link cut from halfway and the master
+    killed at three quarters."""
     import redis.asyncio as aioredis
 
     await asyncio.to_thread(topology.wait_healthy)
-    prefix = f"ack{RUN}r{replicas}"
+    prefix = f"ack{RUN}r{replicas}{'lag' if lagging else ''}"
     b = Purgatory("bench-b")
     confirmed: list[str] = []
     refused = 0
@@ -559,12 +562,20 @@ async def _acks_lost(topology: Any, acks: int, replicas: int) -> dict[str, float
         _sentinel_member(topology, b, prefix, subscribe=False, min_replicas=replicas) as fb,
     ):
         old = await asyncio.to_thread(topology.master)
+        replica = await asyncio.to_thread(topology.replica)
 
         async def worker() -> None:
             nonlocal refused
             for i in todo:
-                if i == acks // 2:
+                if lagging and i == acks // 2:
+                    topology.freeze(replica)
+                    admin = aioredis.Redis(host="127.0.0.1", port=old.port)
+                    await admin.client_kill_filter(_type="replica")
+                    await admin.aclose()
+                if i == (acks * 3 // 4 if lagging else acks // 2):
                     old.kill()
+                    if lagging:
+                        topology.thaw(replica)
                 try:
                     await fb.advance_confirmed(f"k{i}", 1, timeout=5)
                 except FanoutUnavailable:
@@ -617,7 +628,13 @@ async def _sentinel_section(
     topology: Any, failovers: int, acks: int, samples: int
 ) -> dict[str, Any]:
     recovery = await _failover_recovery(topology, failovers)
-    lost = {f"min_replicas_{n}": await _acks_lost(topology, acks, n) for n in (0, 1)}
+    lost = {
+        f"{'lagging_' if lagging else ''}min_replicas_{n}": await _acks_lost(
+            topology, acks, n, lagging
+        )
+        for lagging in (False, True)
+        for n in (0, 1)
+    }
     return {
         "failovers": len(recovery),
         "recovery_s": {"p50": quantile(recovery, 0.5), "p99": quantile(recovery, 0.99)},
@@ -638,12 +655,16 @@ def _sentinel_rows(results: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
             f"sentinel master death to first event again p50/p99 s ({results['failovers']} kills)",
             f"{recovery['p50']:.2f}/{recovery['p99']:.2f}",
         ),
-        (
-            "sentinel confirmed acks lost per 10k under a kill, min_replicas 0 / 1",
-            " / ".join(
-                f"{row['lost_per_10k']:.1f} ({row['lost']:.0f} of {row['confirmed']:.0f})"
-                for row in lost.values()
-            ),
+        *(
+            (
+                f"sentinel confirmed acks lost per 10k under a kill{lag}, min_replicas 0 / 1",
+                " / ".join(
+                    f"{row['lost_per_10k']:.1f} ({row['lost']:.0f} of {row['confirmed']:.0f})"
+                    for name, row in lost.items()
+                    if name.startswith("lagging") == bool(lag)
+                ),
+            )
+            for lag in ("", ", replica lagging")
         ),
         (
             "sentinel µs per confirmed advance p50, min_replicas 0 / 1",

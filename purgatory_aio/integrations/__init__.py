@@ -48,8 +48,8 @@ __all__ = [
     "make_request_id",
     "never_disconnected",
     "readiness",
-    "server_sent_events",
     "route_label",
+    "server_sent_events",
     "wait_for_value_until_disconnected",
     "watch_until_disconnected",
 ]

@@ -298,3 +298,32 @@ async def test_one_replica_acknowledges_a_confirmed_advance(sentinels: Sentinels
         finally:
             await client.aclose()
         assert fb.stats().publish_errors == 0
+
+
+async def test_a_lagging_replica_refuses_replica_confirmations_and_the_others_can_be_lost(
+    sentinels: Sentinels,
+) -> None:
+    async with members(sentinels, min_replicas=1, replica_timeout=0.2) as (a, _fa, fb, name):
+        plain = RedisFanout(sentinels.url, a, prefix=name, connect_timeout=1.0, subscribe=False)
+        async with plain:
+            replica = await asyncio.to_thread(sentinels.replica)
+            old = await asyncio.to_thread(sentinels.master)
+            # The replica frozen, and its link cut by the master: it takes nothing more.
+            sentinels.freeze(replica)
+            admin = aioredis.Redis(host="127.0.0.1", port=old.port)
+            try:
+                await admin.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            finally:
+                await admin.aclose()
+            try:
+                with pytest.raises(FanoutUnavailable, match="0 of the 1 replicas"):
+                    await fb.advance_confirmed("job:safe", 1, timeout=5)
+                await plain.advance_confirmed("job:unsafe", 1, timeout=5)  # the master alone
+                old.kill()
+            finally:
+                sentinels.thaw(replica)
+            await asyncio.to_thread(sentinels.wait_new_master, old)
+        # The promoted replica never received either value: the one confirmed without the
+        # replica option is lost, as the operators' guide says; the other was never confirmed.
+        assert await stored(sentinels, name, "job:unsafe") is None
+        assert await stored(sentinels, name, "job:safe") is None

@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from fanout_support import HANG_GUARD, RedisServer, free_port, wait_for_port
 from pg_support import PostgresServer, ReplicatedPair
+from sentinel_support import Sentinels
 
 from purgatory_aio.fanout import fanout_from_url
 
@@ -264,25 +265,81 @@ async def test_a_burst_of_10k_events_answers_10k_parked_polls_across_two_workers
 async def test_2000_polls_parked_across_two_workers_are_each_answered_once_by_acks(
     workers: Workers, session: aiohttp.ClientSession
 ) -> None:
-    n = 2000
     base = workers.base
+    polls = await park(session, base, 2000, "two")
+    statuses = []
+    for start in range(0, 2000, 200):
+        statuses += await asyncio.gather(
+            *(ack(session, base, f"two-{i}") for i in range(start, start + 200))
+        )
+    assert statuses == [202] * 2000  # each stored before it was answered
+    await answered_once(polls, 2000)
+
+
+async def test_2000_polls_across_two_workers_on_sentinel_are_answered_once_through_a_failover(
+    sentinels: Sentinels, session: aiohttp.ClientSession
+) -> None:
+    n = 2000
+    with uvicorn_workers(Engine(sentinels.url, lambda: None, lambda: None)) as running:
+        base = running.base
+        polls = await park(session, base, n, "fo")
+        # The master killed: the acks it took and replicated survive, the others get a 503.
+        # (SENTINEL FAILOVER instead leaves the old master writable until the sentinels
+        # convert it, up to 10 s: see the operators' guide.)
+        old = await asyncio.to_thread(sentinels.master)
+        old.kill()
+        failover = asyncio.create_task(asyncio.to_thread(sentinels.wait_new_master, old))
+        statuses: list[int] = []
+        for start in range(0, n, 200):  # acks before, during and after the failover
+            batch = range(start, start + 200)
+            statuses += await asyncio.gather(*(ack(session, base, f"fo-{i}") for i in batch))
+            await asyncio.sleep(0.1)
+        await failover
+        # An ack refused during the switch (503: not stored in time) is sent again, as the
+        # webhook's sender would after Retry-After.
+        for i, status in enumerate(statuses):
+            while status != 202:
+                assert status == 503, status
+                await asyncio.sleep(0.1)
+                status = await ack(session, base, f"fo-{i}")
+        await answered_once(polls, n)
+        deadline = time.monotonic() + HANG_GUARD
+        while True:  # the worker this lands on has moved its subscription, and counted it
+            async with session.get(f"{base}/fanout/stats") as response:
+                if (await response.json())["failovers"] == 1:
+                    break
+            assert time.monotonic() < deadline, "no failover counted"
+            await asyncio.sleep(0.1)
+
+
+async def park(
+    session: aiohttp.ClientSession, base: str, n: int, tag: str
+) -> list[asyncio.Task[tuple[int, bool]]]:
+    """``n`` polls for jobs ``<tag>-<i>``, returned once all are pending across both workers."""
 
     async def wait(i: int) -> tuple[int, bool]:
-        async with session.get(f"{base}/jobs/two-{i}/wait?timeout_ms=40000") as response:
+        async with session.get(f"{base}/jobs/{tag}-{i}/wait?timeout_ms=40000") as response:
             body = await response.json()
             return i, bool(body["acked"])
 
     polls = [asyncio.create_task(wait(i)) for i in range(n)]
     await parked_in_both(base, n)
+    return polls
 
-    async def ack(i: int) -> int:
-        async with session.post(f"{base}/jobs/two-{i}/ack") as response:
-            return response.status
 
-    statuses = []
-    for start in range(0, n, 200):
-        statuses += await asyncio.gather(*(ack(i) for i in range(start, start + 200)))
-    assert statuses == [202] * n  # each stored before it was answered
+async def ack(session: aiohttp.ClientSession, base: str, job: str) -> int:
+    """The status of one ack; sent again on a kept-alive connection the server had just
+    closed as idle (a race of HTTP keep-alive, which any webhook sender retries)."""
+    for _ in range(3):
+        try:
+            async with session.post(f"{base}/jobs/{job}/ack") as response:
+                return response.status
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"the ack of {job} was cut three times")
+
+
+async def answered_once(polls: list[asyncio.Task[tuple[int, bool]]], n: int) -> None:
     results = await asyncio.gather(*polls)
     assert sorted(i for i, _ in results) == list(range(n))  # each answered exactly once
     assert all(acked for _, acked in results)
