@@ -45,11 +45,17 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 COMPILED_MODULES = (
     "_bucket",
     "_wheel",
+    "_wheels",
+    "_entry",
     "_states",
     "_validation",
+    "_keys",
     "_timer",
+    "_index",
     "_watches",
+    "_waiters",
     "_lifecycle",
+    "_detached",
     "_operation",
     "_purgatory",
     "_relay",  # the fan-out's parse-and-apply of every message a subscriber receives

@@ -25,7 +25,7 @@ from math import inf as INF
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from ._timer import TimerEntry
+    from ._entry import TimerEntry
 
 #: The level of a carry: a large higher-level bucket whose cascade is in progress
 #: (see Timer._cascade_urgent). It is queued after every wheel level at an equal due tick.

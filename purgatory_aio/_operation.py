@@ -21,7 +21,9 @@ from types import MemberDescriptorType
 from typing import Any, ClassVar, Generic, SupportsFloat, SupportsIndex, TypeVar, final
 
 from . import _shell
-from ._lifecycle import DETACHED, Lifecycle
+from ._detached import DETACHED
+from ._entry import TimerEntry
+from ._lifecycle import Lifecycle
 from ._native import mypyc_attr
 from ._states import (
     CANCELLED,
@@ -36,8 +38,8 @@ from ._states import (
     release,
     transition,
 )
-from ._timer import TimerEntry
 from ._validation import INF, check_seconds
+from ._waiters import add_waiter, forget
 from ._watches import NOT_WATCHED
 from .events import Outcome
 
@@ -83,6 +85,26 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         ...         return self.log.end
     """
 
+    # One writer per slot. Who writes each slot once __init__ has set it (TimerEntry's
+    # four included), the modules named (tests/test_slot_writers.py holds the code to
+    # this table; "-" means nothing after __init__):
+    #   _timeout   -                         the timeout given
+    #   _owner     _lifecycle                its purgatory's lifecycle from admission on
+    #   _keys      _lifecycle                the keys it was handed over with
+    #   _deadline  _lifecycle, _timer        when it expires (set at admission; the
+    #                                        timer's add_entry sets every entry's)
+    #   _busy      _lifecycle                a try of it is under way
+    #   _outcome   _lifecycle                its result or exception, at settlement
+    #   _state     _states, _operation, _lifecycle  the state word: transitions (and
+    #                                        force_complete's inline copy of one,
+    #                                        tests/test_hot_path_shape.py), settlement
+    #   _waiter    _waiters                  the futures of its awaiters
+    #   _ident     _watches                  its key in plain watch lists
+    #   _store     _watches                  where the store holds it
+    #   _bucket    _bucket, _wheels          its timer bucket (a pass of the timer
+    #                                        clears it when it fires the entry)
+    #   _prev      _bucket                   its neighbours in that bucket
+    #   _next      _bucket
     __slots__ = (
         "_busy",
         "_ident",
@@ -310,7 +332,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     def _fire(self) -> None:
         """The timer says the deadline has passed (always on the loop thread)."""
         if transition(self, COMPLETED | EXPIRED):
-            self._owner.expired(self)
+            self._owner.completed(self, None)
 
     # -- awaiting ----------------------------------------------------------------------------
 
@@ -327,18 +349,12 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         # One future per awaiting task: a task that is cancelled cancels only its own,
         # and the common single awaiter costs one future, no shield around a shared one.
         future = asyncio.get_running_loop().create_future()
-        waiter = self._waiter
-        if waiter is None:
-            self._waiter = future
-        elif isinstance(waiter, list):
-            waiter.append(future)
-        else:
-            self._waiter = [waiter, future]
+        add_waiter(self, future)
         # Settlement may have happened on another thread between the check above
         # and publishing the future; it then found nothing to wake.
         if self._state & SETTLED:
             future.set_result(None)
-        return _shell.awaiting(self, future, _forget)
+        return _shell.awaiting(self, future, forget)
 
     # -- copying and pickling ----------------------------------------------------------------
 
@@ -460,15 +476,6 @@ def _never_handed_over(op: DelayedOperation[Any]) -> RuntimeError:
         "(purgatory.try_complete_else_watch(op, keys) or purgatory.watch_and_wait(op, keys)), "
         "or complete or cancel it"
     )
-
-
-def _forget(op: DelayedOperation[Any], future: asyncio.Future[None]) -> None:
-    waiter = op._waiter
-    if waiter is future:
-        op._waiter = None
-    elif isinstance(waiter, list):
-        with contextlib.suppress(ValueError):
-            waiter.remove(future)
 
 
 def _fresh(cls: type[DelayedOperation[Any]], timeout: float) -> DelayedOperation[Any]:

@@ -20,6 +20,7 @@ from ._lifecycle import Lifecycle
 from ._logging import get_logger
 from ._native import refuse_subclass
 from ._operation import DelayedOperation
+from ._shutdown import Shutdown
 from ._stats import PurgatoryStats
 from ._timer import Timer
 from ._validation import check_finite, check_flag, check_positive_int
@@ -61,7 +62,7 @@ class Purgatory:
     has no slot for them, so the pure one declares none either).
     """
 
-    __slots__ = ("_clock", "_drop_guard", "_life", "_store", "_timer", "name")
+    __slots__ = ("_clock", "_drop_guard", "_life", "_shutdown", "_store", "_timer", "name")
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         # Final on both builds. The compiled class refuses interpreted subclasses by
@@ -113,6 +114,7 @@ class Purgatory:
             offload_threads=threads,
             log_operations=log_ops,
         )
+        self._shutdown = Shutdown(self._life, self._timer, self._store)
         # Held by the purgatory alone: dropping the purgatory re-tracks what it holds.
         self._drop_guard: DropGuard | None = DropGuard(self._life) if UNTRACKING else None
 
@@ -125,7 +127,7 @@ class Purgatory:
         return _shell.enter(self, self._life)
 
     def __aexit__(self, *exc_info: object) -> Coroutine[Any, Any, None]:
-        return _shell.shutdown(self._life, True)
+        return _shell.shutdown(self._shutdown, True)
 
     @property
     def closed(self) -> bool:
@@ -150,7 +152,7 @@ class Purgatory:
         from the caller's loop (callbacks that need the closed loop, async ones,
         settle with :class:`PurgatoryClosed`).
         """
-        return _shell.shutdown(self._life, expire_pending)
+        return _shell.shutdown(self._shutdown, expire_pending)
 
     # -- the contract --------------------------------------------------------------------------
 

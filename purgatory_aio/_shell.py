@@ -13,9 +13,11 @@ timer) and keeps every coroutine here, as ordinary Python. Two reasons, both mea
   (compiled core, best of five runs of 100,000, the two builds alternated). A compiled
   coroutine function can carry neither a docstring nor a signature either.
 
-Each function here is the body of one coroutine method of :class:`Timer`,
-:class:`Lifecycle` or :class:`Purgatory`; the class keeps the method (a plain method
-returning this coroutine) and every state change, through methods of its own.
+Each function here is the body of one coroutine method of :class:`Timer` or
+:class:`Purgatory`, or a step of a callback task or of the shutdown; the class keeps
+the method (a plain method returning this coroutine) and every state change stays
+with its owner (the lifecycle, the shutdown of :mod:`._shutdown`), through methods of
+its own.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from ._lifecycle import Lifecycle
     from ._operation import DelayedOperation
     from ._purgatory import Purgatory
+    from ._shutdown import Shutdown
     from ._timer import Timer
 
 _log = get_logger("purgatory_aio.purgatory")
@@ -122,12 +125,12 @@ async def enter(purgatory: Purgatory, life: Lifecycle) -> Purgatory:
     return purgatory
 
 
-async def shutdown(life: Lifecycle, expire_pending: object) -> None:
+async def shutdown(orchestra: Shutdown, expire_pending: object) -> None:
     """``Purgatory.shutdown``: start the shutdown once, then wait for it to finish."""
-    await join_shutdown(life, life.shutdown_task(expire_pending))
+    await join_shutdown(orchestra, orchestra.task(expire_pending))
 
 
-async def join_shutdown(life: Lifecycle, shutdown: asyncio.Task[None]) -> None:
+async def join_shutdown(orchestra: Shutdown, shutdown: asyncio.Task[None]) -> None:
     """Wait for ``shutdown`` (the purgatory's shutdown task) to finish its work.
 
     From one of the purgatory's own callback tasks (an async ``on_complete`` shutting
@@ -137,55 +140,71 @@ async def join_shutdown(life: Lifecycle, shutdown: asyncio.Task[None]) -> None:
     operation has settled when it returns.
     """
     task = asyncio.current_task()
-    if task is not None and life.join(task):
+    if task is not None and orchestra.join(task):
         try:
             await asyncio.shield(shutdown)
         finally:
-            life.leave(task)
+            orchestra.leave(task)
         return
     await asyncio.shield(shutdown)
     # The shutdown's work is done; what is left are the callbacks that awaited it
     # (on the purgatory's loop: after its loop closed, a shutdown runs elsewhere).
-    while tasks := life.callbacks_to_join():
+    while tasks := orchestra.callbacks_to_join():
         await asyncio.gather(*[asyncio.shield(task) for task in tasks], return_exceptions=True)
 
 
-async def settle_all(life: Lifecycle, expire_pending: bool) -> None:
+async def settle_all(orchestra: Shutdown, expire_pending: bool) -> None:
     """The shutdown task: settle every pending operation, then wait for those still
     settling."""
-    found, settling = life.settle_pending(expire_pending)
+    found, settling = orchestra.settle_pending(expire_pending)
     # Every operation completed before or during shutdown is settling: in a callback
     # task, or (if another thread completed or cancelled it) in a hand-over to this
     # loop. Wait until each has settled.
     while True:
-        if await callbacks_finished(life):
+        if await callbacks_finished(orchestra):
             continue
         settling = [op for op in settling if not op.done()]
         if not settling:
             break
-        await asyncio.sleep(0.001)  # a thread's hand-over is on its way
-    life.finish_shutdown()
+        # A thread's hand-over is on its way to this loop: its settlement wakes this
+        # wait (through the operation's own awaiter), no polling.
+        await settlement(settling[0])
+    orchestra.finish()
     _log.info(
-        "purgatory_shutdown", purgatory=life.name, settled=found, expired_pending=expire_pending
+        "purgatory_shutdown",
+        purgatory=orchestra.name,
+        settled=found,
+        expired_pending=expire_pending,
     )
 
 
-async def callbacks_finished(life: Lifecycle) -> bool:
+async def settlement(op: DelayedOperation[Any]) -> None:
+    """Return once ``op`` (completed or cancelled already) has settled, whatever its
+    outcome; a cancellation of the waiting task itself goes through."""
+    try:
+        await op
+    except BaseException:
+        task = asyncio.current_task()
+        if not op.done() or (task is not None and task.cancelling()):
+            raise
+
+
+async def callbacks_finished(orchestra: Shutdown) -> bool:
     """Wait for the callback tasks, except those awaiting the shutdown; False if none.
 
     A task that starts awaiting the shutdown meanwhile wakes the wait, which then leaves
     it out too. A closed loop's tasks are never waited for: none can run.
     """
-    busy = life.callbacks_to_wait_for()
+    busy = orchestra.callbacks_to_wait_for()
     if not busy:
         return False
-    joined = life.watch_joins()
+    joined = orchestra.watch_joins()
     # Each task shielded: giving up the wait (a task joined) must not cancel them.
     every = asyncio.gather(*[asyncio.shield(task) for task in busy], return_exceptions=True)
     try:
         await asyncio.wait((every, joined), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        life.unwatch_joins()
+        orchestra.unwatch_joins()
         every.cancel()
     return True
 

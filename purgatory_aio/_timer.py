@@ -25,15 +25,15 @@ import heapq
 import math
 import threading
 from collections.abc import Callable, Coroutine
-from operator import attrgetter
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, final
 
 from . import _shell
-from ._bucket import BATCH_LEVEL, CARRY_LEVEL, NOT_QUEUED, Bucket
+from ._bucket import NOT_QUEUED, Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
+from ._entry import TimerEntry, TimerHandle
 from ._errors import FATAL, not_copyable
 from ._logging import get_logger
-from ._native import mypyc_attr, refuse_subclass
+from ._native import refuse_subclass
 from ._validation import (
     check_callable,
     check_instant,
@@ -41,124 +41,23 @@ from ._validation import (
     check_positive_seconds,
     check_seconds,
 )
-from ._wheel import Wheel
+from ._wheels import CASCADE_CHUNK, MAX_TICKS, Wheels, by_deadline
 
-__all__ = ["Timer", "TimerEntry", "TimerHandle"]
+__all__ = ["CASCADE_CHUNK", "MAX_TICKS", "Timer", "TimerEntry", "TimerHandle"]
 
 _log: Final = get_logger("purgatory_aio.timer")
 
 _INF: Final = math.inf
-#: Deadlines are placed at whole ticks up to this many; floats count them exactly, and
-#: at most about log(MAX_TICKS) / log(wheel_size) levels exist (12 at the default shape).
-MAX_TICKS: Final = 2**53
 #: The finest tick accepted: below it, tick arithmetic on a monotonic clock loses meaning.
 MIN_TICK: Final = 1e-9
-#: Entries a cascade re-places per loop iteration at most (see Timer._cascade_urgent).
-CASCADE_CHUNK: Final = 1024
-_by_deadline: Final = attrgetter("_deadline")
-_heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 _callable: Final = callable  # a static in the compiled build, not a builtins lookup
 _running_loop: Final = asyncio._get_running_loop
 _get_ident: Final = threading.get_ident
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
-class TimerEntry:
-    """Something the timer can hold: a deadline, its bucket, and what to do when due.
-
-    Subclasses implement :meth:`_fire`. The timer owns ``_bucket`` and
-    ``_deadline``; ``_prev``/``_next`` chain the entry in its bucket, and only the
-    bucket touches them.
-    """
-
-    __slots__ = ("_bucket", "_deadline", "_next", "_prev")
-
-    _deadline: float
-    _bucket: Bucket | None
-    _prev: TimerEntry | None
-    _next: TimerEntry | None
-
-    def _fire(self) -> None:
-        raise NotImplementedError
-
-
-_PENDING: Final = 0
-_FIRED: Final = 1
-_CANCELLED: Final = 2
-
-
-class TimerHandle(TimerEntry):
-    """A callback scheduled on a :class:`Timer`; returned by ``call_later``/``call_at``."""
-
-    __slots__ = ("_args", "_callback", "_state", "_timer")
-
-    def __init__(
-        self, timer: Timer, callback: Callable[..., object], args: tuple[Any, ...]
-    ) -> None:
-        self._bucket = None
-        self._timer = timer
-        self._callback: Callable[..., object] | None = callback
-        self._args = args
-        self._state = _PENDING
-
-    def when(self) -> float:
-        """The deadline, in the timer's clock."""
-        return self._deadline
-
-    def cancel(self) -> bool:
-        """Withdraw the callback at once; True if this call stopped it from running."""
-        if self._state != _PENDING:
-            return False
-        self._state = _CANCELLED
-        self._callback = None
-        self._args = ()
-        if self._bucket is not None:
-            self._timer._remove(self)
-        return True
-
-    def cancelled(self) -> bool:
-        """True once the timer was cancelled before its callback ran."""
-        return self._state == _CANCELLED
-
-    def pending(self) -> bool:
-        """True while the callback is scheduled and has not run."""
-        return self._state == _PENDING
-
-    def reschedule(self, delay: SupportsFloat) -> None:
-        """Move the handle to ``now + delay``, whether pending or already run."""
-        if self._state == _CANCELLED:
-            raise RuntimeError("cannot reschedule a cancelled timer handle")
-        seconds = check_seconds(delay, "delay")
-        timer = self._timer
-        when = timer._now() + seconds
-        if when >= timer.horizon:
-            timer._beyond(delay)
-        timer._check_loop()
-        if self._bucket is not None:
-            timer._remove(self)
-        self._state = _PENDING
-        timer._add(self, when)
-
-    def _fire(self) -> None:
-        if self._state == _PENDING:
-            self._state = _FIRED
-            callback = self._callback
-            assert callback is not None
-            callback(*self._args)
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
-        raise not_copyable(
-            self, "a handle is the one claim on its timer's slot; schedule another callback instead"
-        )
-
-    def __repr__(self) -> str:
-        state = ("pending", "done", "cancelled")[self._state]
-        return f"<TimerHandle {state} when={getattr(self, '_deadline', None)} {self._callback!r}>"
-
-
 @final
-class Timer:
+class Timer(Wheels):
     """Masses of timeouts at O(1) per add and cancel, on one asyncio reaper.
 
     Examples:
@@ -187,28 +86,14 @@ class Timer:
     __slots__ = (
         "_armed",
         "_armed_when",
-        "_batch",
-        "_carries",
         "_clock",
-        "_count",
-        "_due_tick",
-        "_epoch",
-        "_firing",
-        "_heap",
-        "_level0",
-        "_levels",
         "_loop",
         "_loop_running",
         "_now",
-        "_per_tick",
         "_reaper",
-        "_reaping",
         "_rearm_soon",
         "_thread_id",
-        "_tick",
         "_wake",
-        "errors",
-        "horizon",
         "wakeups",
     )
 
@@ -231,41 +116,24 @@ class Timer:
         # method lookup on the clock that every add would otherwise make.
         self._now: Callable[[], float] = self._clock.time
         now = self._now()
-        #: Deadlines (clock time) at or beyond this cannot be placed: refused.
-        self.horizon = MAX_TICKS * seconds
-        if not -self.horizon < now < self.horizon:
+        horizon = MAX_TICKS * seconds
+        if not -horizon < now < horizon:
             raise ValueError(
                 f"tick {tick!r} is too fine for this clock, which reads {now!r}: "
                 f"at most {MAX_TICKS} ticks can be counted"
             )
-        self._tick = seconds
-        self._per_tick = 1.0 / seconds
-        start = int(now // seconds)
-        self._level0 = Wheel(0, 1, size, start)
-        self._levels = [self._level0]
-        self._heap: list[tuple[int, int, int, Bucket]] = []
-        self._carries: set[Bucket] = set()  # cascades still being placed
-        # Holds the entries of the level-0 bucket being fired until each is visited; the
-        # batch itself is _firing, for a close() from one of its callbacks.
-        self._batch = Bucket(BATCH_LEVEL)
-        self._firing: list[TimerEntry] | None = None
-        self._count = 0
-        self._due_tick = 0  # the tick of the bucket a pass is flushing
-        self._epoch = 0  # counts drains, so a pass notices close() from a callback
+        super().__init__(seconds, size, now)
         self._loop: asyncio.AbstractEventLoop | None = None
         # The thread _loop runs on and its is_running, once bound (see _check_loop).
         self._thread_id = -1
         self._loop_running: Callable[[], bool] = bool
         self._reaper: asyncio.Task[None] | None = None
-        self._reaping = False
         self._rearm_soon = False
         self._wake: asyncio.Future[None] | None = None
         self._armed: Cancellable | None = None
         self._armed_when = _INF
         #: Reaper wake-ups so far (each processes every bucket due by then).
         self.wakeups = 0
-        #: Callbacks that raised (each is logged, none stops the timer).
-        self.errors = 0
 
     # -- public API ------------------------------------------------------------------------
 
@@ -304,10 +172,10 @@ class Timer:
             check_callable(callback, "callback")
         when = self._now() + seconds
         if when >= self.horizon:
-            self._beyond(delay)
-        self._check_loop()
+            self.beyond(delay)
+        self.check_loop()
         handle = TimerHandle(self, callback, args)
-        self._add(handle, when)
+        self.add_entry(handle, when)
         return handle
 
     def call_at(
@@ -329,14 +197,14 @@ class Timer:
                 f"when={when!r} is beyond what this timer can place "
                 f"(up to {horizon:.6g} on its clock; a finer tick shortens that)"
             )
-        self._check_loop()
+        self.check_loop()
         handle = TimerHandle(self, callback, args)
-        # Below -horizon the tick arithmetic of _add would leave the float range
+        # Below -horizon the tick arithmetic of add_entry would leave the float range
         # (-1e306 / 1 ms is -inf) after the entry was counted.
-        self._add(handle, instant if instant > -horizon else -horizon)
+        self.add_entry(handle, instant if instant > -horizon else -horizon)
         return handle
 
-    def _check_loop(self) -> None:
+    def check_loop(self) -> None:
         """Refuse an add from anywhere but the loop this timer belongs to.
 
         Every add is checked, before anything changes, not only the first after an
@@ -363,7 +231,8 @@ class Timer:
             )
         self._thread_id = _get_ident()  # its loop runs on another thread than before
 
-    def _beyond(self, delay: object) -> None:
+    def beyond(self, delay: object) -> NoReturn:
+        """Refuse ``delay``, which puts a deadline beyond the horizon."""
         raise ValueError(
             f"delay {delay!r} is beyond what this timer can place "
             f"(deadlines up to {self.horizon:.6g} on its clock; a finer tick shortens that)"
@@ -379,7 +248,7 @@ class Timer:
         pass that have not run yet are dropped too. The timer can be used again
         afterwards (a new reaper starts with the next timer added).
         """
-        for entry in self._drain():
+        for entry in self.drain_entries():
             if isinstance(entry, TimerHandle):
                 entry.cancel()
         self._stop_reaper()
@@ -401,39 +270,65 @@ class Timer:
     def __repr__(self) -> str:
         return f"<Timer tick={self._tick} pending={self._count} levels={len(self._levels)}>"
 
-    # -- adding and removing -----------------------------------------------------------------
+    # -- the entry API: the package's way in (a purgatory's admission and withdrawal) ------
+    # Public within the package, named so: TimerHandle and the purgatory's lifecycle call
+    # these and no other method of the timer's internals.
 
-    def _add(self, entry: TimerEntry, deadline: float) -> None:
+    def add_entry(self, entry: TimerEntry, deadline: float) -> None:
         """Place ``entry`` due at ``deadline``; the caller has validated it and checked
         that it runs on this timer's loop (or on a loop, for the first add ever)."""
         if not self._count:
             self._leave_idle()
         self._count += 1
         entry._deadline = deadline
-        # ceil(deadline / tick), the first tick not before the deadline, with a
-        # multiplication and a truncation rather than float division and math.ceil.
-        # Rounding can put an entry in a bucket a hair early; the deadline check at
-        # firing then re-places it, so nothing fires early.
-        scaled = deadline * self._per_tick
-        tick_index = int(scaled)
-        if tick_index < scaled:
-            tick_index += 1
-        wheel = self._level0
-        current = wheel.current
-        if tick_index < current + wheel.size:
-            # Level 0 and _into, inlined: the common case for short timeouts.
-            if tick_index < current:
-                tick_index = current
-            bucket = wheel.buckets[tick_index % wheel.size]
-            bucket.append(entry)
-            if bucket.expiration != tick_index:
-                bucket.first = deadline
-                self._queue(bucket, tick_index)
-            elif deadline < bucket.first:
-                bucket.first = deadline
-                self._sooner(deadline)
-        else:
-            self._place_high(entry, tick_index)
+        self._place(entry, self._level0.current)
+
+    def remove_entry(self, entry: TimerEntry) -> None:
+        """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
+        bucket: Bucket = entry._bucket  # type: ignore[assignment]
+        bucket.remove(entry)
+        self._count -= 1
+        # An emptied bucket stays queued: at worst the reaper wakes for it once and
+        # finds nothing. Only when nothing at all is pending is the wake-up withdrawn.
+        if not self._count and not self._reaping:
+            self._disarm()
+
+    def pending_entries(self) -> list[TimerEntry]:
+        """Every pending entry, left in place (in no particular order)."""
+        entries: list[TimerEntry] = []
+        for bucket in [*(b for wheel in self._levels for b in wheel.buckets), *self._carries]:
+            if bucket.size:
+                entries.extend(bucket.entries())
+        if self._firing is not None:
+            held = self._batch
+            entries.extend(entry for entry in self._firing if entry._bucket is held)
+        return entries
+
+    def drain_entries(self) -> list[TimerEntry]:
+        """Remove and return every pending entry, in deadline order."""
+        entries: list[TimerEntry] = []
+        buckets = [bucket for wheel in self._levels for bucket in wheel.buckets]
+        for bucket in [*buckets, *self._carries]:
+            if bucket.size:
+                entries.extend(bucket.take())
+            bucket.expiration = NOT_QUEUED
+        self._carries.clear()
+        if self._firing is not None:
+            # Called by a callback of a batch being fired: its entries not visited yet.
+            held = self._batch
+            for entry in self._firing:
+                if entry._bucket is held:
+                    held.remove(entry)
+                    entries.append(entry)
+            self._firing = None
+        entries.sort(key=by_deadline)
+        self._heap.clear()
+        self._count = 0
+        self._epoch += 1
+        self._disarm()
+        return entries
+
+    # -- placing -------------------------------------------------------------------------------
 
     def _leave_idle(self) -> None:
         """The first entry after an idle spell (or ever): start and catch up.
@@ -451,60 +346,6 @@ class Timer:
             for level in self._levels:
                 level.advance(now_tick)
 
-    def _tick_of(self, now: float) -> int:
-        """The tick ``now`` falls in, for a clock that may have run past the horizon
-        (1e308 // 1 ms is inf): such a reading stands at the last tick counted."""
-        if now < self.horizon:
-            return int(now // self._tick)
-        return MAX_TICKS
-
-    def _place(self, entry: TimerEntry, not_before: int) -> None:
-        """(Re-)place an entry already counted, at tick ``not_before`` at the earliest."""
-        scaled = entry._deadline * self._per_tick
-        tick_index = int(scaled)
-        if tick_index < scaled:
-            tick_index += 1  # ceil, as in _add
-        if tick_index < not_before:
-            tick_index = not_before
-        wheel = self._level0
-        if tick_index < wheel.current + wheel.size:
-            self._into(wheel.buckets[tick_index % wheel.size], entry, tick_index)
-        else:
-            self._place_high(entry, tick_index)
-
-    def _place_high(self, entry: TimerEntry, tick_index: int) -> None:
-        levels = self._levels
-        i = 1
-        while True:
-            if i == len(levels):
-                below = levels[-1]
-                levels.append(Wheel(i, below.interval, below.size, below.current))
-            wheel = levels[i]
-            if tick_index < wheel.current + wheel.interval:
-                slot = tick_index // wheel.tick
-                self._into(wheel.buckets[slot % wheel.size], entry, slot * wheel.tick)
-                return
-            i += 1
-
-    def _into(self, bucket: Bucket, entry: TimerEntry, expiration: int) -> None:
-        """Put ``entry`` in ``bucket``, due at tick ``expiration`` (inlined in ``_add``)."""
-        bucket.append(entry)
-        deadline = entry._deadline
-        if bucket.expiration != expiration:
-            bucket.first = deadline  # a new rotation of this slot
-            self._queue(bucket, expiration)
-        elif deadline < bucket.first:
-            bucket.first = deadline
-            self._sooner(deadline)
-
-    def _queue(self, bucket: Bucket, expiration: int) -> None:
-        bucket.expiration = expiration
-        # At equal due ticks higher levels go first, so that entries they cascade into
-        # level 0 join that tick's bucket before it is flushed (deadline order holds).
-        _heappush(self._heap, (expiration, -bucket.level, id(bucket), bucket))
-        when = expiration * self._tick
-        self._sooner(bucket.first if bucket.first < when else when)
-
     def _sooner(self, when: float) -> None:
         """Something is now due at ``when``: wake earlier than armed if need be."""
         if not self._reaping and not self._rearm_soon and when < self._armed_when:
@@ -518,51 +359,6 @@ class Timer:
         self._rearm_soon = False
         if not self._reaping:
             self._arm_next()
-
-    def _remove(self, entry: TimerEntry) -> None:
-        """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
-        bucket: Bucket = entry._bucket  # type: ignore[assignment]
-        bucket.remove(entry)
-        self._count -= 1
-        # An emptied bucket stays queued: at worst the reaper wakes for it once and
-        # finds nothing. Only when nothing at all is pending is the wake-up withdrawn.
-        if not self._count and not self._reaping:
-            self._disarm()
-
-    def _pending(self) -> list[TimerEntry]:
-        """Every pending entry, left in place (in no particular order)."""
-        entries: list[TimerEntry] = []
-        for bucket in [*(b for wheel in self._levels for b in wheel.buckets), *self._carries]:
-            if bucket.size:
-                entries.extend(bucket.entries())
-        if self._firing is not None:
-            held = self._batch
-            entries.extend(entry for entry in self._firing if entry._bucket is held)
-        return entries
-
-    def _drain(self) -> list[TimerEntry]:
-        """Remove and return every pending entry, in deadline order."""
-        entries: list[TimerEntry] = []
-        buckets = [bucket for wheel in self._levels for bucket in wheel.buckets]
-        for bucket in [*buckets, *self._carries]:
-            if bucket.size:
-                entries.extend(bucket.take())
-            bucket.expiration = NOT_QUEUED
-        self._carries.clear()
-        if self._firing is not None:
-            # Called by a callback of a batch being fired: its entries not visited yet.
-            held = self._batch
-            for entry in self._firing:
-                if entry._bucket is held:
-                    held.remove(entry)
-                    entries.append(entry)
-            self._firing = None
-        entries.sort(key=_by_deadline)
-        self._heap.clear()
-        self._count = 0
-        self._epoch += 1
-        self._disarm()
-        return entries
 
     # -- the reaper ----------------------------------------------------------------------------
     # One task, woken by one loop timer armed for the first deadline of the earliest
@@ -670,167 +466,3 @@ class Timer:
         self._heap.clear()
         self._carries.clear()
         self._disarm()
-
-    def _advance(self, now: float) -> None:
-        """One pass: flush every bucket due by ``now``, then catch the wheels up."""
-        carried: list[Bucket] = []
-        epoch = self._epoch
-        self._reaping = True
-        try:
-            fired: set[int] = set()  # level-0 buckets fired in this pass
-            while self._epoch == epoch:
-                bucket = self._next_due(now, fired)
-                if bucket is None:
-                    self._catch_up(now)
-                    break
-                level = bucket.level
-                if level == CARRY_LEVEL:
-                    self._feed_carry(bucket, carried)
-                elif level:
-                    self._cascade(bucket, now, carried)
-                else:
-                    fired.add(id(bucket))
-                    self._fire_bucket(bucket, now)
-        finally:
-            self._reaping = False
-            if self._epoch == epoch:
-                # Unfinished cascades continue on the next loop iteration, after whatever
-                # else the loop has to run (also after a fatal error, if it runs on).
-                now_tick = self._level0.current
-                for carry in carried:
-                    carry.first = _INF
-                    self._queue(carry, now_tick)
-
-    def _next_due(self, now: float, fired: set[int]) -> Bucket | None:
-        """Take the earliest queued bucket if it is due by ``now``; None once none is."""
-        heap = self._heap
-        tick = self._tick
-        while heap:
-            expiration, _, key, bucket = heap[0]
-            # Due at the bucket's end, or from its earliest deadline on: the entries
-            # already due are fired and the rest stay for the next wake-up.
-            if expiration * tick > now and bucket.first > now:
-                return None
-            if key in fired and bucket.expiration == expiration:
-                # A callback of this pass added an entry that is due already (a zero
-                # delay, say). It runs on the next loop iteration, as loop.call_soon
-                # would: a callback that keeps re-adding itself cannot hold the loop.
-                return None
-            _heappop(heap)
-            if bucket.expiration != expiration:
-                continue  # queued for a rotation that was reset meanwhile
-            bucket.expiration = NOT_QUEUED
-            if bucket.level != CARRY_LEVEL:
-                for wheel in self._levels:
-                    wheel.advance(expiration)
-                if not bucket.size:
-                    continue
-            self._due_tick = expiration
-            return bucket
-        return None
-
-    def _catch_up(self, now: float) -> None:
-        """Everything due is flushed: the wheels move on to the clock's tick."""
-        now_tick = self._tick_of(now)
-        heap = self._heap
-        if not heap or heap[0][0] > now_tick:
-            for wheel in self._levels:
-                wheel.advance(now_tick)
-
-    def _fire_bucket(self, bucket: Bucket, now: float) -> None:
-        """Fire a due level-0 bucket's entries whose deadline has passed, in deadline order."""
-        expiration = self._due_tick
-        # Detach the batch first: a callback may cancel or re-add any entry of it. Until
-        # visited, each stays in the timer and counted, held by self._batch: an earlier
-        # callback that cancels, completes or re-adds one takes it out (and uncounts it)
-        # through _remove, as from any bucket.
-        held = self._batch
-        batch = bucket.detach(held)
-        if len(batch) > 1:
-            batch.sort(key=_by_deadline)
-        self._firing = batch
-        epoch = self._epoch
-        tick = self._tick
-        for position, entry in enumerate(batch):
-            if entry._bucket is not held:
-                continue  # taken out by a callback: gone, or re-added where it stands now
-            if entry._deadline <= now:
-                # Out of the timer before it runs. This store is what holding the batch
-                # costs the firing path: 10 instructions per fired entry in here, about
-                # what detach() saves over take() (callgrind, compiled: ~15,650 per
-                # operation watched and expired before and after, within +-50 noise).
-                entry._bucket = None
-                self._count -= 1
-                try:
-                    entry._fire()
-                except FATAL:
-                    self._put_back(batch, position + 1, expiration)
-                    raise
-                except BaseException:
-                    # Any other exception, CancelledError included: counted and logged,
-                    # and the pass goes on.
-                    self.errors += 1
-                    _log.exception("timer_callback_error", entry=repr(entry))
-                if self._epoch != epoch:
-                    return  # close() from the callback: it took the rest of the batch
-            elif expiration * tick > now:
-                self._place(entry, expiration)  # later in this tick: stays
-            else:
-                # Float rounding put it a hair before its deadline: next tick.
-                self._place(entry, expiration + 1)
-        self._firing = None
-
-    def _put_back(self, batch: list[TimerEntry], start: int, expiration: int) -> None:
-        """Return the entries of a batch not yet visited, still held, to the wheel."""
-        self._firing = None
-        held = self._batch
-        for entry in batch[start:]:
-            if entry._bucket is held:
-                self._place(entry, expiration)
-
-    def _cascade(self, bucket: Bucket, now: float, carried: list[Bucket]) -> None:
-        """Move a due higher-level bucket's entries down to the levels that now cover them."""
-        expiration = self._due_tick
-        if bucket.size > CASCADE_CHUNK:
-            self._cascade_urgent(bucket, now, expiration, carried)
-            return
-        for entry in bucket.take():
-            self._place(entry, expiration)
-
-    def _cascade_urgent(
-        self, bucket: Bucket, now: float, expiration: int, carried: list[Bucket]
-    ) -> None:
-        """Cascade a large bucket: place at once only the entries due soon.
-
-        A high-level bucket can hold a large share of everything pending (one
-        level-2 slot spans 400 ms at the default shape). Re-placing all of it in one
-        go would stall the loop and make every timer due meanwhile late. Instead its
-        bucket itself becomes a *carry* (level ``CARRY_LEVEL``) and a fresh bucket
-        takes its slot, so no entry is touched to move it: the entries due soon are
-        placed now, the rest a chunk per loop iteration, well before any is due.
-        """
-        wheel = self._levels[bucket.level]
-        wheel.buckets[(expiration // wheel.tick) % wheel.size] = Bucket(bucket.level)
-        # Its entries still point to it (through their _bucket), so a cancel during
-        # the cascade finds them where they are.
-        bucket.level = CARRY_LEVEL
-        # Enough lead for the chunks to finish first, at a chunk per millisecond or so.
-        lead = max(2 * self._levels[wheel.level - 1].tick * self._tick, bucket.size / 500_000)
-        horizon = now + lead
-        for entry in bucket.entries():
-            if entry._deadline < horizon:
-                bucket.remove(entry)
-                self._place(entry, expiration)
-        if bucket.size:
-            self._carries.add(bucket)
-            carried.append(bucket)
-
-    def _feed_carry(self, carry: Bucket, carried: list[Bucket]) -> None:
-        """Place the next chunk of a carried cascade."""
-        floor = self._level0.current
-        for entry in carry.take(CASCADE_CHUNK):
-            self._place(entry, floor)
-        if carry.size:
-            carried.append(carry)
-        else:
-            self._carries.discard(carry)

@@ -23,8 +23,8 @@ from typing import NoReturn, SupportsIndex
 
 from ._clock import Quiescent
 from ._errors import not_copyable
-from ._lifecycle import wake
 from ._validation import INF, check_instant, check_seconds
+from ._waiters import wake
 
 __all__ = ["ManualClock"]
 

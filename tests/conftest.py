@@ -93,6 +93,7 @@ CORE_TESTS = (
     "test_docstrings.py",
     "test_free_threading.py",
     "test_gc_untracking.py",
+    "test_hot_path_shape.py",
     "test_interpreters.py",
     "test_lone_key_watch.py",
     "test_operation.py",

@@ -127,6 +127,54 @@ def test_shutdown_under_asyncio_run_waits_for_on_complete_of_ops_a_thread_comple
 
 
 @loops
+def test_shutdown_awaits_a_threads_hand_over_without_polling(
+    loop_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shutdown expires the first operation; its on_complete has another thread
+    # complete one operation and cancel another while the loop is busy, so both are
+    # ended but their hand-overs are still queued when the shutdown reaches them. It
+    # must return once the hand-overs have settled them, woken by those settlements,
+    # not by a timer of its own.
+    sleeps: list[float] = []
+    real_sleep = asyncio.sleep
+
+    def watching_sleep(delay: float, *args: Any, **kwargs: Any) -> Any:
+        sleeps.append(delay)
+        return real_sleep(delay, *args, **kwargs)
+
+    completed, cancelled = HostileOp(30, name="completed"), HostileOp(30, name="cancelled")
+
+    def other_thread() -> None:
+        assert completed.force_complete() and cancelled.cancel()
+
+    def end_the_others_from_a_thread(op: Any) -> None:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()  # the loop is blocked meanwhile: both hand-overs are queued
+
+    first = HostileOp(10, name="first", on_complete_hook=end_the_others_from_a_thread)
+
+    async def main() -> None:
+        p = Purgatory("lc", clock=ManualClock())
+        for i, op in enumerate((first, completed, cancelled)):
+            await p.try_complete_else_watch(op, [i])
+        monkeypatch.setattr(asyncio, "sleep", watching_sleep)
+        try:
+            await p.shutdown()
+        finally:
+            monkeypatch.undo()
+        assert completed.done() and cancelled.done()
+        assert p.num_delayed == 0
+
+    with asyncio.Runner(loop_factory=LOOP_FACTORIES[loop_name]) as runner:
+        runner.run(asyncio.wait_for(main(), LIMIT))
+    assert first.outcome == "shutdown" and first.finished == 1
+    assert completed.outcome == "completed" and completed.finished == 1
+    assert cancelled.cancelled and cancelled.finished == 0
+    assert [delay for delay in sleeps if delay > 0] == []
+
+
+@loops
 def test_shutdown_racing_a_completing_thread_leaves_no_callback_unfinished(
     loop_name: str,
 ) -> None:
