@@ -59,7 +59,7 @@ TIMEOUT = 0.2
 LIBRARY_FUNCTIONS = (
     ("_purgatory___Purgatory___try_complete_else_watch", "try_complete_else_watch"),
     ("_lifecycle___Lifecycle___watch", "  Lifecycle.watch (admission)"),
-    ("_lifecycle____check_watch", "    _check_watch (validation)"),
+    ("_keys___check_keys", "    check_keys (validation)"),
     ("_lifecycle___try_guarded", "    try_guarded x2 (user's try_complete inside)"),
     ("_watches___WatchStore___watch", "    WatchStore.watch (3 keys)"),
     ("_timer___Timer___add_entry", "    Timer.add_entry"),
