@@ -100,28 +100,35 @@ class Sentinels:
                     return False
             info = _command(port, "INFO", "replication")
             replica = info.get("slave0")
-            return (
+            online = (
                 info.get("role") == "master"
                 and isinstance(replica, dict)
                 and replica.get("state") == "online"
             )
+            return online and _replicated(port)
         except (redis.RedisError, OSError, StopIteration, KeyError, ValueError, TypeError):
             return False
 
     def wait_healthy(self) -> None:
-        """Until both nodes run, the sentinels agree on a master that has an online replica,
-        and no failover is under way."""
+        """Until both nodes run, the sentinels agree on a master whose replica acknowledges
+        a write, no failover is under way, and all of it still holds a moment later."""
         for node in self.nodes:
             if node.proc is None:
                 self.restart(node)
             elif node.proc.poll() is None:
                 os.kill(node.proc.pid, signal.SIGCONT)  # a test may have left it frozen
         deadline = time.monotonic() + SETTLE
-        while not self._healthy():
+        settled = 0
+        while settled < 2:  # twice, 0.3 s apart: not a moment before a replica resyncs
             if time.monotonic() > deadline:
                 raise RuntimeError("the Sentinel topology did not settle")
-            self._demote_stray_master()
-            time.sleep(0.05)
+            if self._healthy():
+                settled += 1
+                time.sleep(0.3 if settled < 2 else 0)
+            else:
+                settled = 0
+                self._demote_stray_master()
+                time.sleep(0.05)
 
     def _demote_stray_master(self) -> None:
         """A master the sentinels no longer name (after SENTINEL FAILOVER, or a thawed one)
@@ -191,3 +198,17 @@ def _promotable(replica: dict[bytes, bytes]) -> bool:
     (not s_down, not disconnected). Its view of the replica's link comes from an INFO every
     10 s, which a failover does not wait for."""
     return replica.get(b"flags") == b"slave"
+
+
+def _replicated(port: int) -> bool:
+    """Whether the master at ``port`` has a replica acknowledging a write (WAIT, on the
+    connection that wrote)."""
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.set("purgatory-test:health", "1")
+        pipe.execute_command("WAIT", 1, 200)
+        _, acknowledged = pipe.execute()
+        return int(acknowledged) >= 1
+    finally:
+        client.close()
