@@ -5,7 +5,8 @@ The table is read from its one place, the comment above ``DelayedOperation.__slo
 (the slots of ``TimerEntry`` included), and every assignment to one of those names in
 the package is found with ``ast``: through any name but ``self``, and through ``self``
 inside the operation's own classes. What ``__init__`` sets is initialisation, not a
-write.
+write. And the timer's one way in: no module outside the timer's own calls a private
+method of it.
 """
 
 from __future__ import annotations
@@ -122,3 +123,29 @@ def test_every_slot_is_written_only_by_the_modules_the_table_names() -> None:
             f"{slot} is written by {sorted(found.get(slot, set()))}; "
             f"the table at DelayedOperation.__slots__ says {sorted(modules)}"
         )
+
+
+def _names_a_timer(node: ast.expr) -> bool:
+    """``timer``, ``self._timer``, ``life.timer``...: an expression naming a timer."""
+    if isinstance(node, ast.Name):
+        return node.id.lstrip("_") == "timer"
+    return isinstance(node, ast.Attribute) and node.attr.lstrip("_") == "timer"
+
+
+def test_no_module_calls_a_private_method_of_the_timer() -> None:
+    # The timer's entry API (add_entry, remove_entry, pending_entries, drain_entries) and
+    # its reaper's steps are public within the package: nothing outside the timer's own
+    # modules reaches for a private name of it.
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("_timer.py", "_wheels.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and _names_a_timer(node.value)
+            ):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
