@@ -94,6 +94,7 @@ SCHEMES: Final = ("postgresql", "postgres")
 # The fan-out writes and LISTENs: a session that may land on a standby cannot serve it.
 _WRITABLE_TARGETS: Final = ("read-write", "primary", "any")
 _SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_TLS_REQUIRED: Final = ("require", "verify-ca", "verify-full")
 
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 
@@ -211,8 +212,12 @@ def _target(url: str, hosts: int) -> str | None:
 class NoHostAnswered(ConnectionError):
     """No host of a multi-host URL gave a usable connection; ``failures`` says why, per host."""
 
-    def __init__(self, failures: list[tuple[str, BaseException]], timeout: float) -> None:
-        super().__init__("; ".join(f"{host}: {describe(exc, timeout)}" for host, exc in failures))
+    def __init__(
+        self, failures: list[tuple[str, BaseException]], timeout: float, tls: bool
+    ) -> None:
+        super().__init__(
+            "; ".join(f"{host}: {describe(exc, timeout, tls)}" for host, exc in failures)
+        )
         self.failures = failures
 
 
@@ -249,8 +254,9 @@ def _give_up_if_lost(exc: BaseException, conn: Any, drop: Callable[[], None], do
         raise EngineUnreachable(f"{doing}: {exc!r}") from None
 
 
-def describe(exc: BaseException, timeout: float) -> str:
-    """What went wrong while connecting, in the words of someone configuring a URL."""
+def describe(exc: BaseException, timeout: float, tls: bool = False) -> str:
+    """What went wrong while connecting, in the words of someone configuring a URL (``tls``:
+    the URL's sslmode requires TLS)."""
     if isinstance(exc, FanoutUnavailable | NoHostAnswered):
         return str(exc)
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -266,9 +272,13 @@ def describe(exc: BaseException, timeout: float) -> str:
         )
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed: {exc.reason or exc}"
-    if isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
-        # asyncpg's words when the server answers the TLS request with "no".
-        return "it does not offer TLS (ssl is off there), and the URL's sslmode requires it"
+    if tls and isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
+        # asyncpg's words when the server answers the TLS request with anything but "yes"
+        # (with sslmode=prefer, a "no" goes on without TLS: then it is not PostgreSQL).
+        return (
+            "it does not offer TLS (ssl is off there), which the URL's sslmode requires "
+            "(or it is not a PostgreSQL server)"
+        )
     if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
         return "a standby (read-only), not the primary the fan-out needs"
     if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
@@ -311,6 +321,7 @@ class PostgresBackend(FanoutBackend):
         self._hosts = url_hosts(self.url)
         self._target = _target(self.url, len(self._hosts))
         self._server: str | None = None  # where the LISTEN connection is, once made
+        self._tls = dict(parse_qsl(urlsplit(self.url).query)).get("sslmode") in _TLS_REQUIRED
         self.table = f"{prefix}_values"
         self.channel = f"{prefix}_events"
         self._ttl = value_ttl
@@ -352,6 +363,9 @@ class PostgresBackend(FanoutBackend):
     def address(self) -> str:
         return f"PostgreSQL at {redacted(self.url)}"
 
+    def _describe(self, exc: BaseException) -> str:
+        return describe(exc, self._connect_timeout, self._tls)
+
     # -- connections -----------------------------------------------------------------------------
 
     async def _open(self, application: str) -> Any:
@@ -377,7 +391,7 @@ class PostgresBackend(FanoutBackend):
                 self._hosts.remove(host)
                 self._hosts.insert(0, host)
             return conn
-        raise NoHostAnswered(failures, self._connect_timeout)
+        raise NoHostAnswered(failures, self._connect_timeout, self._tls)
 
     async def _connect(self, application: str, host: tuple[str, int | None] | None) -> Any:
         where = {} if host is None else {"host": host[0], "port": host[1]}
@@ -404,9 +418,7 @@ class PostgresBackend(FanoutBackend):
             raise
         except Exception as exc:
             self._terminate_all()
-            raise FanoutUnavailable(
-                f"cannot use {self.address}: {describe(exc, self._connect_timeout)}"
-            ) from None
+            raise FanoutUnavailable(f"cannot use {self.address}: {self._describe(exc)}") from None
 
     async def _ensure_table(self, conn: Any) -> None:
         """Create the table unless it exists (one process at a time: concurrent CREATE TABLE
@@ -463,6 +475,11 @@ class PostgresBackend(FanoutBackend):
         self._listener, self._lost = conn, lost
         previous, self._server = self._server, server
         if previous is not None and previous != server:
+            # The other connections may still be held by the old server, frozen rather than
+            # dead: the re-read that follows must not wait on it. Each reopens on the next
+            # use, where this one landed (the host that answered last is tried first).
+            self._drop_reader()
+            self._drop_writer()
             host.switched(previous, server)
 
     def _drop_listener(self) -> None:
@@ -506,7 +523,7 @@ class PostgresBackend(FanoutBackend):
                 raise
             except Exception as exc:
                 self._drop_writer()
-                raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+                raise EngineUnreachable(self._describe(exc)) from None
         rows = [(event.kind, event.key, event.value, event.message) for event in events]
         try:
             await conn.executemany(self._publish_sql, rows, timeout=self._command_timeout)
@@ -582,7 +599,7 @@ class PostgresBackend(FanoutBackend):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+                    raise EngineUnreachable(self._describe(exc)) from None
             try:
                 rows = await conn.fetch(self._read_sql, list(keys), timeout=self._command_timeout)
             except BaseException as exc:
@@ -610,7 +627,7 @@ class PostgresBackend(FanoutBackend):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    host.down(EngineUnreachable(describe(exc, self._connect_timeout)))
+                    host.down(EngineUnreachable(self._describe(exc)))
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
