@@ -30,6 +30,15 @@ compares the two designs on the same driver.
   a timeout; a statement that timed out leaves its connection closed (the next
   use reconnects), so a frozen server never holds a publisher, a read or
   ``stop()``.
+* **A primary with standbys.** A URL may name several hosts (``h1:5432,h2:5432``):
+  every connection goes to the first that takes writes (``target_session_attrs`` is
+  ``read-write`` unless the URL says otherwise), each host with a connect timeout of its
+  own, the host that answered last tried first. When the LISTEN connection lands on
+  another server than before (a standby promoted), the fan-out is told
+  (``BackendHost.switched``), the other connections are reopened there, and every
+  watched key is re-read.
+* **TLS** as libpq spells it in the URL (``sslmode=verify-full&sslrootcert=...``); a
+  certificate that does not check out is one line saying which check failed.
 * **Rows do not accumulate.** Values not raised for ``value_ttl`` seconds are
   deleted by whichever member publishes, at most every few minutes (the table
   only grows through publishing).
@@ -678,8 +687,10 @@ class PostgresFanout(Fanout):
     """Fan-out through PostgreSQL: values in a table, NOTIFY as the hint, LISTEN per process.
 
     Args:
-        url: ``postgresql://user:password@host:5432/db``; ``None`` reads
-            ``$PURGATORY_AIO_POSTGRES_URL``.
+        url: ``postgresql://user:password@host:5432/db``, or several hosts for a primary
+            and its standbys (``postgresql://user:password@h1:5432,h2:5432/db``); TLS
+            parameters as libpq's (``?sslmode=verify-full&sslrootcert=ca.pem``). ``None``
+            reads ``$PURGATORY_AIO_POSTGRES_URL``.
         purgatories: the purgatories events apply to (more with :meth:`attach`).
         prefix: names the table (``<prefix>_values``) and the channel
             (``<prefix>_events``), so several applications can share a database.
