@@ -891,12 +891,21 @@ class Fanout(BackendHost):
             self._resync_task = self._loop.create_task(self._resync_loop())
 
     async def _resync_loop(self) -> None:
+        backoff = 0.05
         while True:
             self._resync_again = False
+            failures = self._stats.refresh_failures
             try:
                 await self.resync()
             except Exception as exc:  # never let the safety net take the subscriber down
                 _log.warning("fanout_resync_failed", error=repr(exc))
+            if self._stats.refresh_failures != failures and not self._stopped:
+                # The re-read failed (a connection still held by a server that has just
+                # failed over, an engine down again): nothing else may trigger another
+                # before the safety net, so try again, as the reader of new keys does.
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
             if not self._resync_again:
                 return
 

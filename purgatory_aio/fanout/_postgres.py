@@ -35,6 +35,15 @@ compares the two designs on the same driver.
   unless ``create=False``, and checks from the catalogs that its role may use the
   table, naming what is missing in one line. The DDL and the grants a member needs
   come from :mod:`purgatory_aio.fanout.postgres_schema`.
+* **A primary with standbys.** A URL may name several hosts (``h1:5432,h2:5432``):
+  every connection goes to the first that takes writes (``target_session_attrs`` is
+  ``read-write`` unless the URL says otherwise), each host with a connect timeout of its
+  own, the host that answered last tried first. When the LISTEN connection lands on
+  another server than before (a standby promoted), the fan-out is told
+  (``BackendHost.switched``), the other connections are reopened there, and every
+  watched key is re-read.
+* **TLS** as libpq spells it in the URL (``sslmode=verify-full&sslrootcert=...``); a
+  certificate that does not check out is one line saying which check failed.
 * **Rows do not accumulate.** Values not raised for ``value_ttl`` seconds are
   deleted by whichever member publishes, at most every few minutes (the table
   only grows through publishing).
@@ -114,6 +123,7 @@ DDL_COMMAND: Final = "python -m purgatory_aio.fanout.postgres_schema"
 # The fan-out writes and LISTENs: a session that may land on a standby cannot serve it.
 _WRITABLE_TARGETS: Final = ("read-write", "primary", "any")
 _SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_TLS_REQUIRED: Final = ("require", "verify-ca", "verify-full")
 
 #: Shown in pg_stat_activity, so an operator (or a test) can tell the connections apart.
 LISTEN_APPLICATION: Final = "purgatory_aio fanout listen"
@@ -248,8 +258,12 @@ def _target(url: str, hosts: int) -> str | None:
 class NoHostAnswered(ConnectionError):
     """No host of a multi-host URL gave a usable connection; ``failures`` says why, per host."""
 
-    def __init__(self, failures: list[tuple[str, BaseException]], timeout: float) -> None:
-        super().__init__("; ".join(f"{host}: {describe(exc, timeout)}" for host, exc in failures))
+    def __init__(
+        self, failures: list[tuple[str, BaseException]], timeout: float, tls: bool
+    ) -> None:
+        super().__init__(
+            "; ".join(f"{host}: {describe(exc, timeout, tls)}" for host, exc in failures)
+        )
         self.failures = failures
 
 
@@ -292,8 +306,9 @@ def _give_up_if_lost(exc: BaseException, conn: Any, drop: Callable[[], None], do
         raise EngineUnreachable(f"{doing}: {exc!r}") from None
 
 
-def describe(exc: BaseException, timeout: float) -> str:
-    """What went wrong while connecting, in the words of someone configuring a URL."""
+def describe(exc: BaseException, timeout: float, tls: bool = False) -> str:
+    """What went wrong while connecting, in the words of someone configuring a URL (``tls``:
+    the URL's sslmode requires TLS)."""
     if isinstance(exc, FanoutUnavailable | NoHostAnswered):
         return str(exc)
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -309,9 +324,13 @@ def describe(exc: BaseException, timeout: float) -> str:
         )
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed: {exc.reason or exc}"
-    if isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
-        # asyncpg's words when the server answers the TLS request with "no".
-        return "it does not offer TLS (ssl is off there), and the URL's sslmode requires it"
+    if tls and isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc):
+        # asyncpg's words when the server answers the TLS request with anything but "yes"
+        # (with sslmode=prefer, a "no" goes on without TLS: then it is not PostgreSQL).
+        return (
+            "it does not offer TLS (ssl is off there), which the URL's sslmode requires "
+            "(or it is not a PostgreSQL server)"
+        )
     if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
         return "a standby (read-only), not the primary the fan-out needs"
     if isinstance(exc, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
@@ -367,6 +386,7 @@ class PostgresBackend(FanoutBackend):
         self._hosts = url_hosts(self.url)
         self._target = _target(self.url, len(self._hosts))
         self._server: str | None = None  # where the LISTEN connection is, once made
+        self._tls = dict(parse_qsl(urlsplit(self.url).query)).get("sslmode") in _TLS_REQUIRED
         self._ttl = value_ttl
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
@@ -401,6 +421,9 @@ class PostgresBackend(FanoutBackend):
     def address(self) -> str:
         return f"PostgreSQL at {redacted(self.url)}"
 
+    def _describe(self, exc: BaseException) -> str:
+        return describe(exc, self._connect_timeout, self._tls)
+
     # -- connections -----------------------------------------------------------------------------
 
     async def _open(self, application: str) -> Any:
@@ -426,7 +449,7 @@ class PostgresBackend(FanoutBackend):
                 self._hosts.remove(host)
                 self._hosts.insert(0, host)
             return conn
-        raise NoHostAnswered(failures, self._connect_timeout)
+        raise NoHostAnswered(failures, self._connect_timeout, self._tls)
 
     async def _connect(self, application: str, host: tuple[str, int | None] | None) -> Any:
         where = {} if host is None else {"host": host[0], "port": host[1]}
@@ -453,9 +476,7 @@ class PostgresBackend(FanoutBackend):
             raise
         except Exception as exc:
             self._terminate_all()
-            raise FanoutUnavailable(
-                f"cannot use {self.address}: {describe(exc, self._connect_timeout)}"
-            ) from None
+            raise FanoutUnavailable(f"cannot use {self.address}: {self._describe(exc)}") from None
 
     async def _ensure_table(self, conn: Any) -> None:
         """Check that the schema and the table exist and that this role may use them (with
@@ -555,6 +576,11 @@ class PostgresBackend(FanoutBackend):
         self._listener, self._lost = conn, lost
         previous, self._server = self._server, server
         if previous is not None and previous != server:
+            # The other connections may still be held by the old server, frozen rather than
+            # dead: the re-read that follows must not wait on it. Each reopens on the next
+            # use, where this one landed (the host that answered last is tried first).
+            self._drop_reader()
+            self._drop_writer()
             host.switched(previous, server)
 
     def _drop_listener(self) -> None:
@@ -598,7 +624,7 @@ class PostgresBackend(FanoutBackend):
                 raise
             except Exception as exc:
                 self._drop_writer()
-                raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+                raise EngineUnreachable(self._describe(exc)) from None
         rows = [(event.kind, event.key, event.value, event.message) for event in events]
         try:
             await conn.executemany(self._publish_sql, rows, timeout=self._command_timeout)
@@ -693,7 +719,7 @@ class PostgresBackend(FanoutBackend):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    raise EngineUnreachable(describe(exc, self._connect_timeout)) from None
+                    raise EngineUnreachable(self._describe(exc)) from None
             try:
                 rows = await conn.fetch(self._read_sql, list(keys), timeout=self._command_timeout)
             except BaseException as exc:
@@ -722,7 +748,7 @@ class PostgresBackend(FanoutBackend):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    host.down(EngineUnreachable(describe(exc, self._connect_timeout)))
+                    host.down(EngineUnreachable(self._describe(exc)))
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
@@ -854,8 +880,10 @@ class PostgresFanout(Fanout):
     """Fan-out through PostgreSQL: values in a table, NOTIFY as the hint, LISTEN per process.
 
     Args:
-        url: ``postgresql://user:password@host:5432/db``; ``None`` reads
-            ``$PURGATORY_AIO_POSTGRES_URL``.
+        url: ``postgresql://user:password@host:5432/db``, or several hosts for a primary
+            and its standbys (``postgresql://user:password@h1:5432,h2:5432/db``); TLS
+            parameters as libpq's (``?sslmode=verify-full&sslrootcert=ca.pem``). ``None``
+            reads ``$PURGATORY_AIO_POSTGRES_URL``.
         purgatories: the purgatories events apply to (more with :meth:`attach`).
         prefix: names the table (``<prefix>_values``) and the channel
             (``<prefix>_events``), so several applications can share a database.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -18,7 +19,15 @@ from fanout_support import free_port, until
 from pg_support import ReplicatedPair
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import FanoutUnavailable, PostgresFanout, fanout_from_url
+from purgatory_aio.fanout import (
+    BackendHost,
+    Fanout,
+    FanoutUnavailable,
+    MemoryHub,
+    PostgresFanout,
+    fanout_from_url,
+)
+from purgatory_aio.fanout._memory import MemoryBackend
 from purgatory_aio.fanout._postgres import url_hosts
 
 PATIENCE = 30.0
@@ -72,6 +81,9 @@ async def test_an_idle_failover_moves_the_listen_connection_and_re_reads_every_k
     async with a, b, fa, fb:
         keys = [f"idle:{i}" for i in range(20)]
         waits = await parked(fa, a, keys)
+        # Their first reads are done once a read queued behind them is (one read at a time).
+        await until(lambda: fa.stats().reads_pending == 0)
+        assert await fa.refresh(keys) == 0
         # Stored without a notification, as a write the hint was lost for: replicated, but
         # nothing tells the members.
         conn = await asyncpg.connect(replicated.url, timeout=10)
@@ -255,3 +267,34 @@ async def test_no_host_answering_is_one_bounded_line() -> None:
             await fanout.start()
     assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
     assert not fanout.stats().connected
+
+
+class FirstReadsFail(MemoryBackend):
+    """A hub whose next ``failing`` reads fail, as reads on a connection still held by a
+    primary that has just failed over do."""
+
+    def __init__(self, hub: MemoryHub) -> None:
+        super().__init__(hub)
+        self.failing = 0
+
+    async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
+        if self.failing:
+            self.failing -= 1
+            raise ConnectionResetError("the old primary's connection")
+        return await super().read(keys, host)
+
+
+async def test_a_re_read_that_fails_after_resubscribing_is_retried_before_the_safety_net() -> None:
+    hub = MemoryHub()
+    backend = FirstReadsFail(hub)
+    async with Purgatory("a") as a, Fanout(backend, a, resync_interval=3600) as fanout:
+        waiting = asyncio.create_task(fanout.wait_for_value(a, "k", 1, PATIENCE))
+        await until(lambda: a.num_delayed == 1 and fanout.stats().reads_pending == 0)
+        assert await fanout.refresh(["k"]) == 0
+        hub.values["k"] = 1.0  # stored while this member was deaf: only a re-read finds it
+        backend.failing = 2
+        fanout.subscribed()  # what a backend reports once it listens again
+        async with asyncio.timeout(PATIENCE):
+            assert await waiting == 1.0
+        stats = fanout.stats()
+        assert stats.refresh_failures == 2 and stats.completed == 1 and stats.resyncs >= 4

@@ -137,6 +137,14 @@ async def pinned_clients(base: str) -> dict[int, aiohttp.ClientSession]:
     return by_pid
 
 
+async def answered(
+    session: aiohttp.ClientSession, job: str, i: int, timeout_ms: int
+) -> tuple[int, bool]:
+    """The answer of one long poll on ``job`` (its URL): ``(i, whether it was acked)``."""
+    async with session.get(f"{job}/wait?timeout_ms={timeout_ms}") as response:
+        return i, bool((await response.json())["acked"])
+
+
 async def test_a_wait_in_one_worker_is_completed_by_an_ack_to_the_other(workers: Workers) -> None:
     clients = await pinned_clients(workers.base)
     (pid_wait, waiter), (pid_ack, acker) = clients.items()
@@ -234,12 +242,9 @@ async def test_a_burst_of_10k_events_answers_10k_parked_polls_across_two_workers
     n = 10_000
     base = workers.base
 
-    async def wait(i: int) -> tuple[int, bool]:
-        async with session.get(f"{base}/jobs/burst-{i}/wait?timeout_ms=50000") as response:
-            body = await response.json()
-            return i, bool(body["acked"])
-
-    polls = [asyncio.create_task(wait(i)) for i in range(n)]
+    polls = [
+        asyncio.create_task(answered(session, f"{base}/jobs/burst-{i}", i, 50000)) for i in range(n)
+    ]
     pending: dict[int, int] = {}
 
     async def parked() -> int:
@@ -317,12 +322,10 @@ async def park(
 ) -> list[asyncio.Task[tuple[int, bool]]]:
     """``n`` polls for jobs ``<tag>-<i>``, returned once all are pending across both workers."""
 
-    async def wait(i: int) -> tuple[int, bool]:
-        async with session.get(f"{base}/jobs/{tag}-{i}/wait?timeout_ms=40000") as response:
-            body = await response.json()
-            return i, bool(body["acked"])
-
-    polls = [asyncio.create_task(wait(i)) for i in range(n)]
+    polls = [
+        asyncio.create_task(answered(session, f"{base}/jobs/{tag}-{i}", i, 40000))
+        for i in range(n)
+    ]
     await parked_in_both(base, n)
     return polls
 
@@ -353,11 +356,6 @@ async def test_polls_parked_across_two_workers_are_answered_once_through_a_failo
     n = 2000
     base = standby_workers.base
 
-    async def wait(i: int) -> tuple[int, bool]:
-        async with session.get(f"{base}/jobs/failover-{i}/wait?timeout_ms=60000") as response:
-            body = await response.json()
-            return i, bool(body["acked"])
-
     async def ack(i: int) -> int:
         deadline = time.monotonic() + HANG_GUARD
         while True:  # as a client honouring Retry-After would
@@ -368,7 +366,10 @@ async def test_polls_parked_across_two_workers_are_answered_once_through_a_failo
 
     # Synchronous: a 202 answered before the kill is on the standby (see the operators' page).
     await asyncio.to_thread(replicated_pair.ensure, True)
-    polls = [asyncio.create_task(wait(i)) for i in range(n)]
+    polls = [
+        asyncio.create_task(answered(session, f"{base}/jobs/failover-{i}", i, 60000))
+        for i in range(n)
+    ]
     await parked_in_both(base, n)
     statuses = list(await asyncio.gather(*(ack(i) for i in range(n // 4))))
     await asyncio.to_thread(replicated_pair.fail_over)
