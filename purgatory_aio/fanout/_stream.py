@@ -22,7 +22,7 @@ from typing import Final, Literal, Self, SupportsFloat
 from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
-from .._validation import check_seconds
+from .._validation import check_positive_seconds
 from ._base import Fanout, ValueReached, check_key, check_value
 
 #: Why a stream ended (:attr:`ValueStream.ended`).
@@ -105,7 +105,7 @@ class ValueStream:
         if not isinstance(purgatory, Purgatory):
             raise TypeError(f"purgatory must be a Purgatory, got {purgatory!r}")
         self.key: str = check_key(key, fanout.backend.max_key_bytes)
-        seconds = check_seconds(timeout, "timeout")
+        seconds = check_positive_seconds(timeout, "timeout")
         #: The last value yielded (or ``after``); None before the first.
         self.last: float | None = None if after is None else check_value(after, "after")
         #: Why the stream ended, or None while it runs.

@@ -128,16 +128,21 @@ def test_a_sentinel_password_never_shows() -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "says"),
+    ("options", "error", "says"),
     [
-        ({"min_replicas": -1}, "min_replicas must be an int >= 0"),
-        ({"min_replicas": 1.5}, "min_replicas must be an int >= 0"),
-        ({"min_replicas": True}, "min_replicas must be an int >= 0"),
-        ({"replica_timeout": 0}, "replica_timeout must be a positive number"),
+        ({"min_replicas": -1}, ValueError, "min_replicas must be >= 0"),
+        ({"min_replicas": 1.5}, TypeError, "min_replicas must be an int"),
+        ({"min_replicas": True}, TypeError, "min_replicas must be an int"),
+        ({"replica_timeout": 0}, ValueError, "replica_timeout must be > 0"),
+        ({"replica_timeout": "1"}, TypeError, "replica_timeout"),
+        ({"replica_timeout": float("inf")}, ValueError, "replica_timeout"),
     ],
 )
-def test_bad_replica_options_are_refused(options: dict[str, Any], says: str) -> None:
-    with pytest.raises(ValueError, match=says):
+def test_bad_replica_options_are_refused(
+    options: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    # The core's rule for counts and seconds, as for every other option.
+    with pytest.raises(error, match=says):
         RedisFanout("redis://127.0.0.1:6379/0", **options)
 
 

@@ -218,7 +218,7 @@ async def test_many_streams_of_one_key_each_see_every_maximum() -> None:
         ({"key": 7, "timeout": 1}, TypeError, "non-empty str"),
         ({"key": "k", "timeout": 0}, ValueError, "timeout"),
         ({"key": "k", "timeout": float("nan")}, ValueError, "timeout"),
-        ({"key": "k", "timeout": True}, ValueError, "timeout"),
+        ({"key": "k", "timeout": True}, TypeError, "timeout"),
         ({"key": "k", "timeout": 1, "after": float("inf")}, ValueError, "after"),
         ({"key": "k", "timeout": 1, "after": "1"}, TypeError, "after"),
     ],

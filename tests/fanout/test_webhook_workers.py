@@ -323,8 +323,7 @@ async def park(
     """``n`` polls for jobs ``<tag>-<i>``, returned once all are pending across both workers."""
 
     polls = [
-        asyncio.create_task(answered(session, f"{base}/jobs/{tag}-{i}", i, 40000))
-        for i in range(n)
+        asyncio.create_task(answered(session, f"{base}/jobs/{tag}-{i}", i, 40000)) for i in range(n)
     ]
     await parked_in_both(base, n)
     return polls
