@@ -83,6 +83,9 @@ class _Poll(threading.Thread):
         self.body: dict[str, object] = {}
         self.answered_at: float | None = None
         self.error: BaseException | None = None
+        # Set once the fetch is on the wire: a signal before that would find the keep-alive
+        # connection idle, and a server shutting down may close an idle connection.
+        self.fetch_sent = threading.Event()
 
     def run(self) -> None:
         try:
@@ -96,6 +99,7 @@ class _Poll(threading.Thread):
             assert produced.status == 200, produced.read()
             produced.read()
             conn.request("GET", f"{path}?offset=1&max_wait_ms={POLL_WAIT_MS}")
+            self.fetch_sent.set()
             response = conn.getresponse()
             self.status = response.status
             self.body = json.loads(response.read())
@@ -108,9 +112,11 @@ class _Poll(threading.Thread):
 def _assert_answered_promptly(process: subprocess.Popen[bytes], port: int, sig: int) -> None:
     poll = _Poll(port)
     poll.start()
-    # Long enough for the produce to return and the fetch to park in the purgatory;
-    # a fetch that had not parked yet would be answered 503, which fails below.
-    time.sleep(1.0)
+    # The produce returned and the fetch was sent (however slow the machine), then long
+    # enough for the server to read it and park it in the purgatory; a fetch that had not
+    # parked yet would be answered 503, which fails below.
+    assert poll.fetch_sent.wait(HANG_GUARD) or poll.error is not None, "the fetch was never sent"
+    time.sleep(0.5)
     assert poll.answered_at is None and poll.error is None, "the poll did not wait"
     signalled = time.monotonic()
     process.send_signal(sig)
