@@ -43,16 +43,22 @@ async def test_verify_full_carries_events_over_tls_on_every_connection(
         await fb.advance_confirmed("k", 1)
         async with asyncio.timeout(PATIENCE):
             assert await waiting == 1.0
+        wanted = {LISTEN_APPLICATION, WRITE_APPLICATION, READ_APPLICATION}
         conn = await asyncpg.connect(url, timeout=10)
         try:
-            rows = await conn.fetch(
-                "SELECT a.application_name, s.ssl FROM pg_stat_ssl s "
-                "JOIN pg_stat_activity a USING (pid) WHERE a.application_name = ANY($1)",
-                [LISTEN_APPLICATION, WRITE_APPLICATION, READ_APPLICATION],
-            )
+            async with asyncio.timeout(PATIENCE):
+                while True:  # the server lists a new connection a moment after it opens
+                    rows = await conn.fetch(
+                        "SELECT a.application_name, s.ssl FROM pg_stat_ssl s "
+                        "JOIN pg_stat_activity a USING (pid) WHERE a.application_name = ANY($1)",
+                        list(wanted),
+                    )
+                    if {name for name, _ in rows} == wanted:
+                        break
+                    await asyncio.sleep(0.05)
         finally:
             conn.terminate()
-    assert {name for name, _ in rows} == {LISTEN_APPLICATION, WRITE_APPLICATION, READ_APPLICATION}
+    assert {name for name, _ in rows} == wanted
     assert all(encrypted for _, encrypted in rows)
 
 
