@@ -43,6 +43,14 @@ loopback, as the tests start them):
 * **the replica option's cost**: one confirmed advance at a time on a healthy topology,
   with ``min_replicas=1`` against without.
 
+With ``--cluster``, a Redis Cluster (three masters with a replica each on loopback, as
+the tests start it) against one Redis, in the same process and run, alternated twice:
+events per second per process (N operations parked on N keys, spread over every master,
+completed by N advances from another member), and the p50 of one confirmed advance; and
+what the classic pub/sub the fan-out uses costs per message received against sharded pub/sub
+(N messages published to another master than the subscriber's node and relayed by the
+cluster bus, against ``SPUBLISH`` to the shard owner the subscriber is on).
+
 With PostgreSQL, ``--failovers N`` (default 20) adds a primary with a streaming
 standby and measures what a primary's death costs (see :mod:`bench._pg_failover`).
 
@@ -59,7 +67,7 @@ import gc
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -95,6 +103,8 @@ from ._common import (
 RUN = uuid.uuid4().hex[:8]
 
 Trigger = Callable[[str], Awaitable[None] | None]
+#: An optional part of the run: its key in the results, its measurement, its rows.
+Section = tuple[str, Callable[[], Coroutine[Any, Any, Any]], Callable[[Any], Any]]
 
 #: Watchers on the advanced key in the apply-cost section.
 WATCHERS = (1_000, 10_000, 100_000)
@@ -138,6 +148,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=20,
         help="failovers timed: Redis masters killed (with --sentinel) and PostgreSQL primaries "
         "killed with their standbys promoted (0: no PostgreSQL failover section)",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="measure a Redis Cluster (3 masters, a replica each) against one Redis",
     )
     parser.add_argument("--acks", type=int, default=10000, help="confirmed advances per kill run")
 
@@ -348,8 +363,9 @@ def _redis_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _sentinels() -> Iterator[Any]:
-    topology = _test_support("sentinel_support").Sentinels()
+def _topology(module: str, name: str) -> Iterator[Any]:
+    """A topology of the tests (``Sentinels``, ``Cluster``), started, and stopped by PID."""
+    topology = getattr(_test_support(module), name)()
     try:
         topology.start()
         yield topology
@@ -602,6 +618,16 @@ async def _acks_lost(topology: Any, acks: int, replicas: int, lagging: bool) -> 
     }
 
 
+async def _confirm_times(fanout: Fanout, samples: int) -> list[float]:
+    """Seconds per confirmed advance, one at a time on fresh keys, sorted."""
+    times = []
+    for i in range(samples):
+        started = time.perf_counter()
+        await fanout.advance_confirmed(f"c{i}", 1)
+        times.append(time.perf_counter() - started)
+    return sorted(times)
+
+
 async def _confirm_cost(topology: Any, samples: int) -> dict[str, float]:
     """µs per confirmed advance, one at a time, without and with one replica's WAIT."""
     await asyncio.to_thread(topology.wait_healthy)
@@ -613,12 +639,7 @@ async def _confirm_cost(topology: Any, samples: int) -> dict[str, float]:
             async with _sentinel_member(topology, b, f"cost{RUN}r{replicas}", **options) as fb:
                 for i in range(50):  # warm-up: connections, script load
                     await fb.advance_confirmed(f"warm{i}", 1)
-                times = []
-                for i in range(samples):
-                    started = time.perf_counter()
-                    await fb.advance_confirmed(f"c{i}", 1)
-                    times.append(time.perf_counter() - started)
-            times.sort()
+                times = await _confirm_times(fb, samples)
             costs[f"min_replicas_{replicas}_p50_us"] = quantile(times, 0.5) * 1e6
             costs[f"min_replicas_{replicas}_p99_us"] = quantile(times, 0.99) * 1e6
     return costs
@@ -669,6 +690,107 @@ def _sentinel_rows(results: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
         (
             "sentinel µs per confirmed advance p50, min_replicas 0 / 1",
             f"{cost['min_replicas_0_p50_us']:.0f} / {cost['min_replicas_1_p50_us']:.0f}",
+        ),
+    ]
+    return ratios, headline
+
+
+# -- Redis Cluster ---------------------------------------------------------------------------------
+
+
+async def _cluster_section(
+    topology: Any, single_url: str, events: int, samples: int
+) -> dict[str, Any]:
+    """Events/s per process and µs per confirmed advance through the Cluster and through one
+    Redis, alternated twice (the better of the two runs each), in this process."""
+    rates: dict[str, list[float]] = {"single": [], "cluster": []}
+    confirm: dict[str, list[float]] = {"single": [], "cluster": []}
+    for attempt in range(2):
+        for name, url in (("single", single_url), ("cluster", topology.url())):
+            prefix = f"cl{RUN}{name}{attempt}"
+            a, b = Purgatory("bench-a"), Purgatory("bench-b")
+            fa = RedisFanout(url, a, prefix=prefix)
+            fb = RedisFanout(url, b, prefix=prefix, subscribe=False)
+            async with a, b, fa, fb:
+
+                async def publish_all(keys: list[str], fb: Fanout = fb) -> None:
+                    for key in keys:
+                        fb.advance(key, 1)
+
+                tag = f"{name}{attempt}"
+                rates[name].append(await _throughput(a, fa, publish_all, events, tag))
+                times = await _confirm_times(fb, samples)
+                confirm[name].append(quantile(times, 0.5) * 1e6)
+    return {
+        "events_per_s": {name: max(runs) for name, runs in rates.items()},
+        "confirm_p50_us": {name: min(runs) for name, runs in confirm.items()},
+        "relay": await _relay_cost(topology, events),
+    }
+
+
+async def _relay_cost(topology: Any, n: int) -> dict[str, float]:
+    """µs per message received by one subscriber: classic PUBLISH sent to another master than
+    the subscriber's node (relayed over the cluster bus), against sharded SPUBLISH to the
+    shard owner the subscriber is on (``SSUBSCRIBE``, no relay)."""
+    import redis.asyncio as aioredis
+
+    channel = f"relay{RUN}"
+    owner = await asyncio.to_thread(topology.master_of, channel)
+    other = next(node for node in topology.nodes if node is not owner)
+    costs: dict[str, float] = {}
+    for shape, (sub_node, pub_node) in {
+        "classic_relayed": (other, owner),
+        "sharded": (owner, owner),
+    }.items():
+        sub = aioredis.Redis(host="127.0.0.1", port=sub_node.port)
+        pub = aioredis.Redis(host="127.0.0.1", port=pub_node.port)
+        pubsub = sub.pubsub()
+        sharded = shape == "sharded"
+        try:
+            if sharded:
+                await pubsub.ssubscribe(channel)
+            else:
+                await pubsub.subscribe(channel)
+            started = time.perf_counter()
+            pipe = pub.pipeline(transaction=False)
+            for i in range(n):
+                pipe.execute_command("SPUBLISH" if sharded else "PUBLISH", channel, str(i))
+            await pipe.execute()
+            received = 0
+            while received < n:
+                message = await pubsub.get_message(timeout=1)
+                if message is not None and message["type"] in ("message", "smessage"):
+                    received += 1
+            costs[f"{shape}_us_per_message"] = (time.perf_counter() - started) / n * 1e6
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await sub.aclose()
+            await pub.aclose()
+    return costs
+
+
+def _cluster_rows(results: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    rate, confirm, relay = results["events_per_s"], results["confirm_p50_us"], results["relay"]
+    ratios = {
+        "cluster_events_per_s_vs_single": ratio(rate["cluster"], rate["single"]),
+        "cluster_confirm_p50_vs_single": ratio(confirm["cluster"], confirm["single"]),
+        "cluster_classic_relayed_vs_sharded_per_message": ratio(
+            relay["classic_relayed_us_per_message"], relay["sharded_us_per_message"]
+        ),
+    }
+    headline = [
+        (
+            "cluster events/s per process, one Redis / Cluster",
+            f"{rate['single']:.0f} / {rate['cluster']:.0f}",
+        ),
+        (
+            "cluster µs per confirmed advance p50, one Redis / Cluster",
+            f"{confirm['single']:.0f} / {confirm['cluster']:.0f}",
+        ),
+        (
+            "cluster µs per message received, classic relayed / sharded",
+            f"{relay['classic_relayed_us_per_message']:.2f}"
+            f" / {relay['sharded_us_per_message']:.2f}",
         ),
     ]
     return ratios, headline
@@ -737,7 +859,21 @@ def main(argv: list[str]) -> int:
     failovers, acks = (min(args.failovers, 3), 1000) if args.quick else (args.failovers, args.acks)
     with contextlib.ExitStack() as servers:
         urls = {name: servers.enter_context(ENGINES[name].server()) for name in chosen}
-        topology = servers.enter_context(_sentinels()) if args.sentinel else None
+        topology = (
+            servers.enter_context(_topology("sentinel_support", "Sentinels"))
+            if args.sentinel
+            else None
+        )
+        cluster = (
+            servers.enter_context(_topology("cluster_support", "Cluster")) if args.cluster else None
+        )
+        single = (
+            urls["redis"]
+            if "redis" in urls
+            else servers.enter_context(_redis_server())
+            if args.cluster
+            else None
+        )
         pair = (
             servers.enter_context(_test_support("pg_support").ReplicatedPair())
             if "postgres" in chosen and failovers > 0
@@ -762,21 +898,35 @@ def main(argv: list[str]) -> int:
                 more_ratios, more_rows = _engine_rows(name, measured)
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
+            sections: list[Section] = []
             if topology is not None:
-                measured = run_on(
-                    loop_name,
-                    lambda: _sentinel_section(topology, failovers, acks, samples),
+                sections.append(
+                    (
+                        "sentinel",
+                        lambda: _sentinel_section(topology, failovers, acks, samples),
+                        _sentinel_rows,
+                    )
                 )
-                results["sentinel"] = measured
-                more_ratios, more_rows = _sentinel_rows(measured)
-                ratios.update(more_ratios)
-                headline.extend(more_rows)
+            if cluster is not None and single is not None:
+                sections.append(
+                    (
+                        "cluster",
+                        lambda: _cluster_section(cluster, single, events, samples),
+                        _cluster_rows,
+                    )
+                )
             if pair is not None:
-                failover = run_on(
-                    loop_name, lambda: _pg_failover.measure(pair, failovers, args.quick)
+                sections.append(
+                    (
+                        "postgres_failover",
+                        lambda: _pg_failover.measure(pair, failovers, args.quick),
+                        _pg_failover.rows,
+                    )
                 )
-                results["postgres_failover"] = failover
-                more_ratios, more_rows = _pg_failover.rows(failover)
+            for key, measure, rows in sections:
+                measured = run_on(loop_name, measure)
+                results[key] = measured
+                more_ratios, more_rows = rows(measured)
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
             params = {"samples": samples, "events": events, "watchers": list(watchers)}

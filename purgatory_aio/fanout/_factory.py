@@ -14,7 +14,15 @@ from ._urls import redacted
 ENV_FANOUT_URL: Final = "PURGATORY_AIO_FANOUT_URL"
 """The environment variable ``fanout_from_url(None)`` reads its engine URL from."""
 
-_REDIS: Final = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+_REDIS: Final = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
 _POSTGRES: Final = ("postgresql", "postgres")
 _MEMORY: Final = "memory"
 
@@ -23,7 +31,8 @@ def fanout_from_url(url: str | None = None, *purgatories: Purgatory, **options: 
     """A fan-out on the engine ``url`` names (``None``: ``$PURGATORY_AIO_FANOUT_URL``).
 
     * ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``,
-      ``rediss+sentinel://``: a :class:`RedisFanout` (the ``redis`` extra);
+      ``rediss+sentinel://``, ``redis+cluster://``, ``rediss+cluster://``: a
+      :class:`RedisFanout` (the ``redis`` extra);
     * ``postgresql://``, ``postgres://``: a :class:`PostgresFanout`
       (the ``postgres`` extra);
     * ``memory://``: a :class:`MemoryFanout` on a hub of its own (one process
@@ -58,5 +67,6 @@ def fanout_from_url(url: str | None = None, *purgatories: Purgatory, **options: 
         return Fanout(MemoryBackend(MemoryHub()), *purgatories, **options)
     raise ValueError(
         f"not a fan-out URL: {redacted(chosen)!r} (expected redis://, rediss://, unix://, "
-        "redis+sentinel://, rediss+sentinel://, postgresql://, postgres:// or memory://)"
+        "redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster://, "
+        "postgresql://, postgres:// or memory://)"
     )

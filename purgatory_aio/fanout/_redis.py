@@ -40,14 +40,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.retry import Retry
     from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
     from redis.backoff import NoBackoff
-    from redis.exceptions import AuthenticationError, NoScriptError
+    from redis.exceptions import (
+        AskError,
+        AuthenticationError,
+        ClusterDownError,
+        MasterDownError,
+        MovedError,
+        NoScriptError,
+        ReadOnlyError,
+        TryAgainError,
+    )
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as exc:  # pragma: no cover - exercised without the extra
@@ -84,6 +94,8 @@ ENV_URL = "PURGATORY_AIO_REDIS_URL"
 # reads hexadecimal as a number, Python does not: refused too). A NaN or an infinity,
 # which this fan-out never writes and members never apply, is replaced, as PostgreSQL's
 # upsert does: otherwise a stored +inf would absorb every advance, acknowledged or not.
+# The channel is an argument, not a key: a Cluster refuses a script whose keys lie in
+# different slots, and a channel is no key there (PUBLISH reaches every node).
 _ADVANCE_LUA = """
 local old = redis.call('GET', KEYS[1])
 if old then
@@ -97,11 +109,22 @@ if old then
   end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-redis.call('PUBLISH', KEYS[2], ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[2])
 return 1
 """
 
 _ADVANCE_SHA = hashlib.sha1(_ADVANCE_LUA.encode()).hexdigest()
+
+# A Cluster's answers meaning "not here, or not now": the slot moved or is moving, or a
+# failover is under way.
+_MOVING: Final = (
+    MovedError,
+    AskError,
+    TryAgainError,
+    ClusterDownError,
+    ReadOnlyError,
+    MasterDownError,
+)
 
 # What OpenSSL says when the other end does not speak TLS.
 _TLS_MISMATCH: Final = ("wrong version number", "record layer failure", "packet length too long")
@@ -154,18 +177,10 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     (required, optional, none) and ``ssl_check_hostname`` (true, false).
     """
     shown = redacted(url)
-    scheme, separator, _ = url.partition("://")
-    scheme = scheme.lower()
+    scheme, parts, sentinels = _servers(
+        url, SENTINEL_SCHEMES, "Sentinel", "sentinel", _SENTINEL_PORT, "/service[?db=0]"
+    )
     form = f"{scheme}://[:password@]host:port[,host:port...]/service[?db=0]"
-    if scheme not in SENTINEL_SCHEMES or not separator:
-        raise ValueError(
-            f"not a Sentinel URL: {shown!r}: expected redis+sentinel://host:port[,...]/service"
-        )
-    parts = urlsplit(url)
-    hosts = parts.netloc.rpartition("@")[2]
-    if not hosts:
-        raise ValueError(f"Sentinel URL {shown!r} names no sentinel: expected {form}")
-    sentinels = tuple(_sentinel_address(item, shown) for item in hosts.split(","))
     service = unquote(parts.path[1:])
     if not service or "/" in service:
         raise ValueError(
@@ -194,20 +209,8 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
             master["db"] = int(value)
         elif name.startswith("sentinel_"):
             sentinel[name.removeprefix("sentinel_")] = value
-        elif name == "ssl_check_hostname":
-            if value.lower() not in (*_TRUE, *_FALSE):
-                raise ValueError(
-                    f"Sentinel URL {shown!r}: ssl_check_hostname must be true or false, "
-                    f"got {value!r}"
-                )
-            shared[name] = value.lower() in _TRUE
-        elif name == "ssl_cert_reqs" and value.lower() not in _CERT_REQS:
-            raise ValueError(
-                f"Sentinel URL {shown!r}: ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}, "
-                f"got {value!r}"
-            )
         else:
-            shared[name] = value
+            shared[name] = _tls_option(name, value, f"Sentinel URL {shown!r}")
     _check_files(parse_qsl(parts.query), shown)
     if parts.username:
         master["username"] = unquote(parts.username)
@@ -216,10 +219,45 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     return SentinelTarget(sentinels, service, {**master, **shared}, {**sentinel, **shared})
 
 
-def _sentinel_address(item: str, shown: str) -> tuple[str, int]:
-    bad_port = (
-        f"Sentinel URL {shown!r} has an invalid port in {item!r}: expected a number from 1 to 65535"
+def _tls_option(name: str, value: str, where: str) -> object:
+    """The value of one ``ssl_*`` option of a URL's query, checked."""
+    if name == "ssl_check_hostname":
+        if value.lower() not in (*_TRUE, *_FALSE):
+            raise ValueError(f"{where}: ssl_check_hostname must be true or false, got {value!r}")
+        return value.lower() in _TRUE
+    if name == "ssl_cert_reqs" and value.lower() not in _CERT_REQS:
+        raise ValueError(
+            f"{where}: ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}, got {value!r}"
+        )
+    return value
+
+
+def _servers(
+    url: str, schemes: tuple[str, ...], kind: str, what: str, default_port: int, rest: str
+) -> tuple[str, SplitResult, tuple[tuple[str, int], ...]]:
+    """The scheme, the parts and the ``host:port`` list of a URL naming several servers
+    (``kind`` Sentinel or Cluster, each server a ``what``), checked."""
+    shown = redacted(url)
+    scheme, separator, _ = url.partition("://")
+    scheme = scheme.lower()
+    form = f"{schemes[0]}://host:port[,host:port...]{rest}"
+    if scheme not in schemes or not separator:
+        raise ValueError(f"not a {kind} URL: {shown!r}: expected {form}")
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        raise ValueError(f"{kind} URL {shown!r} names no {what}: expected {form}")
+    where = f"{kind} URL {shown!r}"
+    return (
+        scheme,
+        parts,
+        tuple(_address(item, where, what, default_port) for item in hosts.split(",")),
     )
+
+
+def _address(item: str, where: str, what: str, default_port: int) -> tuple[str, int]:
+    """One ``host[:port]`` of a URL naming several servers."""
+    bad_port = f"{where} has an invalid port in {item!r}: expected a number from 1 to 65535"
     try:
         parts = urlsplit(f"//{item}")
         port = parts.port
@@ -227,12 +265,55 @@ def _sentinel_address(item: str, shown: str) -> tuple[str, int]:
         raise ValueError(bad_port) from None
     if not parts.hostname:
         raise ValueError(
-            f"Sentinel URL {shown!r} has an empty sentinel address in {item!r}: "
+            f"{where} has an empty {what} address in {item!r}: "
             "expected host:port, separated by commas"
         )
     if port == 0:
         raise ValueError(bad_port)
-    return parts.hostname, _SENTINEL_PORT if port is None else port
+    return parts.hostname, default_port if port is None else port
+
+
+#: The schemes of a URL naming some nodes of a Redis Cluster.
+CLUSTER_SCHEMES: Final = ("redis+cluster", "rediss+cluster")
+_REDIS_PORT: Final = 6379
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTarget:
+    """What a ``redis+cluster://`` URL names: some nodes of the cluster (the others are
+    found through them) and the options of every connection."""
+
+    nodes: tuple[tuple[str, int], ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """Read ``redis+cluster://[user:password@]host:port[,host:port...][/]`` (``rediss+cluster://``
+    for TLS, whose query may hold ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
+    ``ssl_cert_reqs`` and ``ssl_check_hostname``), or raise a ``ValueError`` naming what is
+    wrong. A cluster has one database: the URL names none."""
+    shown = redacted(url)
+    where = f"Cluster URL {shown!r}"
+    scheme, parts, nodes = _servers(url, CLUSTER_SCHEMES, "Cluster", "node", _REDIS_PORT, "")
+    if parts.path.strip("/"):
+        raise ValueError(
+            f"{where} names a database ({parts.path.strip('/')!r}): a Redis Cluster has only "
+            "database 0, so the URL ends after the nodes"
+        )
+    tls = scheme == "rediss+cluster"
+    options: dict[str, Any] = {"ssl": True} if tls else {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if not tls or name not in (*_TLS_OPTIONS, "ssl_check_hostname"):
+            expected = ", ".join((*_TLS_OPTIONS, "ssl_check_hostname")) if tls else "none"
+            extra = "" if tls else " (the ssl_* options need rediss+cluster://)"
+            raise ValueError(f"{where} has an unknown option {name!r}: expected {expected}{extra}")
+        options[name] = _tls_option(name, value, where)
+    _check_files(parse_qsl(parts.query), shown)
+    if parts.username:
+        options["username"] = unquote(parts.username)
+    if parts.password:
+        options["password"] = unquote(parts.password)
+    return ClusterTarget(nodes, options)
 
 
 def resolve_url(url: str | None) -> str:
@@ -256,10 +337,13 @@ def check_url(url: str) -> None:
     if scheme in SENTINEL_SCHEMES:
         parse_sentinel_url(url)
         return
+    if scheme in CLUSTER_SCHEMES:
+        parse_cluster_url(url)
+        return
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(
             f"not a Redis URL: {shown!r}: the scheme must be redis://, rediss://, unix://, "
-            "redis+sentinel:// or rediss+sentinel://"
+            "redis+sentinel://, rediss+sentinel://, redis+cluster:// or rediss+cluster://"
         )
     if scheme == "unix":
         if not parts.path:
@@ -400,12 +484,19 @@ class RedisBackend(FanoutBackend):
     async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
         client = self._client
         assert client is not None
+        return await self._send(client, events)
+
+    async def _send(
+        self, client: aioredis.Redis, events: Sequence[Event]
+    ) -> list[BaseException | None]:
+        """One batch as one pipeline on one server (one connection, so a closing ``WAIT``
+        covers the batch's writes)."""
         pipe = client.pipeline(transaction=False)
         channel, prefix, ttl = self.channel, self._value_prefix, self._ttl
         for event in events:
             if event.kind == ADVANCE:
                 key, value = prefix + event.key, repr(event.value)
-                pipe.evalsha(_ADVANCE_SHA, 2, key, channel, value, event.message, ttl)
+                pipe.evalsha(_ADVANCE_SHA, 1, key, value, event.message, ttl, channel)
             else:
                 pipe.publish(channel, event.message)
         # Only a batch someone waits for pays the replicas' round trip.
@@ -428,7 +519,7 @@ class RedisBackend(FanoutBackend):
             # A Redis that does not know the script (first use, or restarted): load it and send
             # those events again.
             await client.script_load(_ADVANCE_LUA)
-            again = await self.store_and_publish([events[i] for i in missing])
+            again = await self._send(client, [events[i] for i in missing])
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
         return results
@@ -460,7 +551,11 @@ class RedisBackend(FanoutBackend):
         client = self._client
         assert client is not None
         prefix = self._value_prefix
-        raw = await client.mget([prefix + key for key in keys])
+        return self._numbers(keys, await client.mget([prefix + key for key in keys]), host)
+
+    @staticmethod
+    def _numbers(keys: Sequence[str], raw: Sequence[Any], host: BackendHost) -> dict[str, float]:
+        """The finite numbers among the stored values of ``keys``; others are reported."""
         values: dict[str, float] = {}
         for key, item in zip(keys, raw, strict=True):
             if item is None:
@@ -477,13 +572,15 @@ class RedisBackend(FanoutBackend):
         return values
 
     async def subscribe(self, host: BackendHost) -> None:
-        pubsub = self._pubsub
-        assert pubsub is not None
         task = asyncio.current_task()
         backoff = 0.05
         while host.listening:
+            pubsub = self._pubsub  # _follow_primary may put the subscription on another node
+            assert pubsub is not None
             try:
                 await self._follow_primary(pubsub)
+                if self._pubsub is not None:
+                    pubsub = self._pubsub
                 message = await pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
@@ -642,13 +739,190 @@ class SentinelBackend(RedisBackend):
             await self._sentinel.aclose()
 
 
+class ClusterBackend(RedisBackend):
+    """The Redis engine on a Redis Cluster: values spread over the slots, one subscription.
+
+    * **Writes go to each key's master.** A batch is split by the master owning each key's
+      slot (as the cluster client last saw the slots) and sent as one pipeline per master,
+      all at once; with ``min_replicas`` each pipeline holding a confirmed advance ends with
+      ``WAIT``, which therefore counts that key's master's replicas. Checks and cancels go
+      to any master. A reply saying the slot moved (``MOVED``, ``ASK``), or that the
+      cluster is down or a node is read-only (a failover under way), makes the batch a
+      network error: the slots are read again and the batch is sent again (harmless:
+      advances merge by max).
+    * **Reads** group the keys by slot (``MGET`` per slot, redis-py's ``mget_nonatomic``),
+      following redirections.
+    * **One subscription per process**, on one node: classic ``PUBLISH`` reaches every
+      node of a cluster, masters and replicas alike, so any node will do. When that node
+      dies the subscription moves to another node the cluster client knows, which is
+      logged and counted (``failovers``), and the resubscription re-reads every watched
+      key, as after any reconnection.
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.target = parse_cluster_url(url)
+        self._nodes: dict[str, aioredis.Redis] = {}  # host:port -> a client of that node
+        self._stale = False  # the slots moved since the cluster client last read them
+
+    @property
+    def address(self) -> str:
+        return f"Redis Cluster at {redacted(self.url)}"
+
+    def _node_options(self) -> dict[str, Any]:
+        return {
+            "socket_connect_timeout": self._timeout,
+            "decode_responses": False,
+            **self.target.options,
+        }
+
+    def _cluster(self) -> RedisCluster:
+        client = self._client
+        assert isinstance(client, RedisCluster)
+        return client
+
+    async def connect(self, host: BackendHost | None) -> None:
+        bound = self._timeout + (self._replica_timeout if self._min_replicas else 0.0)
+        client = RedisCluster(
+            startup_nodes=[ClusterNode(name, port) for name, port in self.target.nodes],
+            socket_timeout=bound,
+            max_connections=8,
+            **self._node_options(),
+        )
+        self._client = client  # type: ignore[assignment]
+        try:
+            await client.initialize()
+            if host is not None:
+                await self._subscribe_somewhere(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # redis-py's errors, in the user's words, on one line
+            raise FanoutUnavailable(self._in_words(exc)) from None
+
+    def _node(self, node: ClusterNode) -> aioredis.Redis:
+        """A client of one node (kept): one pipeline on it is one connection, which ``WAIT``
+        needs."""
+        client = self._nodes.get(node.name)
+        if client is None:
+            bound = self._timeout + (self._replica_timeout if self._min_replicas else 0.0)
+            client = self._nodes[node.name] = aioredis.Redis(
+                host=node.host,
+                port=int(node.port),
+                socket_timeout=bound,
+                max_connections=8,
+                **self._node_options(),
+            )
+        return client
+
+    async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
+        cluster = self._cluster()
+        if self._stale:
+            await cluster.nodes_manager.initialize()
+            self._stale = False
+        groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+        anywhere: ClusterNode | None = None
+        for i, event in enumerate(events):
+            if event.kind == ADVANCE:
+                node = cluster.get_node_from_key(self._value_prefix + event.key)
+            else:
+                anywhere = anywhere or cluster.get_default_node() or cluster.get_random_node()
+                node = anywhere
+            assert node is not None
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        # The masters answer side by side: one batch costs one round trip, not one per master.
+        try:
+            answers = await asyncio.gather(
+                *(
+                    self._send(self._node(node), [events[i] for i in indexes])
+                    for node, indexes in groups.values()
+                )
+            )
+        except self.network_errors:
+            self._stale = True  # a node died: where are its slots now?
+            raise
+        results: list[BaseException | None] = [None] * len(events)
+        for (_, indexes), answer in zip(groups.values(), answers, strict=True):
+            for i, result in zip(indexes, answer, strict=True):
+                if isinstance(result, _MOVING):
+                    self._stale = True
+                    raise RedisConnectionError(f"the cluster is changing: {result}")
+                results[i] = result
+        return results
+
+    async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
+        prefix = self._value_prefix
+        raw = await self._cluster().mget_nonatomic([prefix + key for key in keys])
+        return self._numbers(keys, raw, host)
+
+    async def _subscribe_somewhere(self, current: str | None) -> None:
+        """Subscribe on the first node that answers, in the URL's order, then the others the
+        cluster named; the one it was on (``current``) last."""
+        names = [f"{name}:{port}" for name, port in self.target.nodes]  # the URL's order
+        names += [node.name for node in self._cluster().get_nodes()]
+        ordered = [name for name in dict.fromkeys(names) if name != current]
+        if current is not None:
+            ordered.append(current)
+        failure: BaseException | None = None
+        for name in ordered:
+            where, _, port = name.rpartition(":")
+            client = aioredis.Redis(
+                host=where, port=int(port), health_check_interval=max(1, round(self._health)),
+                socket_timeout=self._timeout, **self._node_options(),
+            )  # fmt: skip
+            pubsub = client.pubsub()
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await pubsub.subscribe(self.channel)
+            except asyncio.CancelledError:
+                await _quietly_close(pubsub, client)
+                raise
+            except Exception as exc:  # that node is down too: the next one
+                failure = exc
+                await _quietly_close(pubsub, client)
+                continue
+            old_pubsub, old_client = self._pubsub, self._sub_client
+            self._pubsub, self._sub_client = pubsub, client
+            await _quietly_close(old_pubsub, old_client)
+            if current is not None:
+                _log.info("fanout_subscription_moving", address=self.address, old=current, new=name)
+            return
+        raise RedisConnectionError(f"no node of the cluster took the subscription: {failure}")
+
+    async def _follow_primary(self, pubsub: PubSub) -> None:
+        # A dropped subscription is not taken up again on the same node (it may be dead):
+        # the next node that answers takes it.
+        connection = pubsub.connection
+        if connection is not None and connection.is_connected:
+            return
+        current = None if connection is None else f"{connection.host}:{connection.port}"
+        await self._subscribe_somewhere(current or self._primary)
+
+    async def close(self) -> None:
+        nodes, self._nodes = list(self._nodes.values()), {}
+        for one in nodes:
+            with contextlib.suppress(Exception):
+                await one.aclose()
+        await super().close()
+
+
+async def _quietly_close(pubsub: PubSub | None, client: aioredis.Redis | None) -> None:
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+    if client is not None:
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+
 class RedisFanout(Fanout):
     """Fan-out through Redis pub/sub, with the latest advanced values stored in Redis.
 
     Args:
         url: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS, or
             ``redis+sentinel://[:password@]host:port[,host:port...]/service[?db=0]``
-            (``rediss+sentinel://`` for TLS) to follow a Sentinel-managed master;
+            (``rediss+sentinel://`` for TLS) to follow a Sentinel-managed master, or
+            ``redis+cluster://[:password@]host:port[,host:port...]`` (``rediss+cluster://``
+            for TLS) naming some nodes of a Redis Cluster;
             ``None`` reads ``$PURGATORY_AIO_REDIS_URL``. Checked at once (scheme,
             hosts, ports, database, service): a ``ValueError`` says what is wrong.
         purgatories: the purgatories events apply to (more with :meth:`attach`).
@@ -687,8 +961,15 @@ class RedisFanout(Fanout):
         resolved = resolve_url(url)
         if not isinstance(prefix, str) or not prefix:
             raise TypeError(f"prefix must be a non-empty str, got {prefix!r}")
-        engine = SentinelBackend if urlsplit(resolved).scheme.lower() in SENTINEL_SCHEMES else None
-        backend = (engine or RedisBackend)(
+        scheme = urlsplit(resolved).scheme.lower()
+        engine: type[RedisBackend] = (
+            SentinelBackend
+            if scheme in SENTINEL_SCHEMES
+            else ClusterBackend
+            if scheme in CLUSTER_SCHEMES
+            else RedisBackend
+        )
+        backend = engine(
             resolved,
             prefix=prefix,
             value_ttl=check_positive_seconds(value_ttl, "value_ttl"),
@@ -711,13 +992,17 @@ class RedisFanout(Fanout):
 
 
 __all__ = [
+    "CLUSTER_SCHEMES",
     "ENV_URL",
     "SENTINEL_SCHEMES",
+    "ClusterBackend",
+    "ClusterTarget",
     "RedisBackend",
     "RedisFanout",
     "SentinelBackend",
     "SentinelTarget",
     "check_url",
+    "parse_cluster_url",
     "parse_sentinel_url",
     "redacted",
     "resolve_url",

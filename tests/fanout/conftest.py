@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+from cluster_support import Cluster
 from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
 from pg_support import PostgresServer, ReplicatedPair, TlsPostgresServer
@@ -61,15 +62,22 @@ def redis_shared() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def sentinel_topology() -> Iterator[Sentinels]:
-    """One master, one replica and three sentinels for the session; use ``sentinels``."""
-    topology = Sentinels()
+Topology = TypeVar("Topology", Sentinels, Cluster)
+
+
+def _running(topology: Topology) -> Iterator[Topology]:
+    """A topology started, and stopped (each process by its PID) whatever happens."""
     try:
         topology.start()
         yield topology
     finally:
         topology.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel_topology() -> Iterator[Sentinels]:
+    """One master, one replica and three sentinels for the session; use ``sentinels``."""
+    yield from _running(Sentinels())
 
 
 @pytest.fixture
@@ -78,6 +86,19 @@ def sentinels(sentinel_topology: Sentinels) -> Sentinels:
     killed or frozen a node)."""
     sentinel_topology.wait_healthy()
     return sentinel_topology
+
+
+@pytest.fixture(scope="session")
+def cluster_topology() -> Iterator[Cluster]:
+    """Three masters with a replica each, for the session; use ``cluster``."""
+    yield from _running(Cluster())
+
+
+@pytest.fixture
+def cluster(cluster_topology: Cluster) -> Cluster:
+    """The session's Redis Cluster, settled (a test before may have killed a master)."""
+    cluster_topology.wait_healthy()
+    return cluster_topology
 
 
 @pytest.fixture(params=ENGINES)

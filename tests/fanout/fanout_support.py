@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,20 @@ from http_support import HANG_GUARD
 from http_support import wait_until as until
 from support import free_port
 
-from purgatory_aio import DelayedOperation
+from purgatory_aio import DelayedOperation, Purgatory
+from purgatory_aio.fanout import Fanout, FanoutUnavailable
 
-__all__ = ["HANG_GUARD", "Flag", "RedisServer", "free_port", "until", "wait_for_port"]
+__all__ = [
+    "HANG_GUARD",
+    "Flag",
+    "RedisServer",
+    "Storm",
+    "assert_refused",
+    "assert_unavailable",
+    "free_port",
+    "until",
+    "wait_for_port",
+]
 
 
 class Flag(DelayedOperation[bool]):
@@ -36,6 +48,71 @@ class Flag(DelayedOperation[bool]):
 
     def on_complete(self) -> bool:
         return self.key in self.flags
+
+
+def assert_refused(url: str, says: str) -> None:
+    """``url`` is refused with a ValueError before anything connects: by RedisFanout saying
+    ``says``, by fanout_from_url too; no password in it shows."""
+    from purgatory_aio.fanout import RedisFanout, fanout_from_url
+
+    with pytest.raises(ValueError) as caught:
+        RedisFanout(url)
+    assert says in str(caught.value) and "secret" not in str(caught.value)
+    with pytest.raises(ValueError) as caught:
+        fanout_from_url(url)
+    assert "secret" not in str(caught.value)
+
+
+async def assert_unavailable(url: str, says: str) -> None:
+    """Starting a RedisFanout on ``url`` fails with one FanoutUnavailable line saying ``says``."""
+    from purgatory_aio.fanout import RedisFanout
+
+    fanout = RedisFanout(url, connect_timeout=0.5)
+    with pytest.raises(FanoutUnavailable) as caught:
+        await fanout.start()
+    message = str(caught.value)
+    assert says in message and "\n" not in message
+    await fanout.stop()
+
+
+class Storm:
+    """Confirmed advances 1 to ``rounds`` on each of ``keys``, from a member with the replica
+    option, while a master dies; a key's storm stops at its first refused confirmation (the
+    promoted master has no replica yet)."""
+
+    def __init__(self, publisher: Fanout, keys: Sequence[str], rounds: int) -> None:
+        self.publisher, self.keys, self.rounds = publisher, list(keys), rounds
+        self.confirmed: dict[str, int] = {}
+        self.tasks = [asyncio.create_task(self._storm(key)) for key in self.keys]
+
+    async def _storm(self, key: str) -> None:
+        for value in range(1, self.rounds + 1):
+            try:
+                await self.publisher.advance_confirmed(key, value, timeout=2.0)
+            except (FanoutUnavailable, TimeoutError):
+                return
+            self.confirmed[key] = value
+
+    async def check(
+        self,
+        held: Callable[[str], Awaitable[float | None]],
+        waits: Sequence[asyncio.Task[float | None]],
+        waiter: Purgatory,
+    ) -> None:
+        """Once the storm is over: nothing a replica acknowledged was lost with its master
+        (``held``: what the new master holds), and once the last round is published again
+        where it was not confirmed, every wait completes, once."""
+        async with asyncio.timeout(60):  # each call is bounded by its own timeout
+            await asyncio.gather(*self.tasks)
+        for key, value in self.confirmed.items():
+            stored = await held(key)
+            assert stored is not None and stored >= value, (key, value, stored)
+        for key in self.keys:
+            if self.confirmed.get(key) != self.rounds:
+                self.publisher.advance(key, self.rounds)
+        async with asyncio.timeout(30):
+            assert await asyncio.gather(*waits) == [float(self.rounds)] * len(self.keys)
+        assert waiter.stats().completed == len(self.keys) and waiter.num_delayed == 0
 
 
 def wait_for_port(port: int, timeout: float = 10.0) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from fanout_support import free_port, until
+from fanout_support import Storm, assert_refused, assert_unavailable, free_port, until
 from sentinel_support import SERVICE, Sentinels
 
 from purgatory_aio import Purgatory
@@ -114,11 +114,7 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_options(tmp_path
     ],
 )
 def test_a_bad_sentinel_url_is_refused_before_anything_connects(url: str, says: str) -> None:
-    with pytest.raises(ValueError) as caught:
-        RedisFanout(url)
-    assert says in str(caught.value)
-    with pytest.raises(ValueError):
-        fanout_from_url(url)
+    assert_refused(url, says)
 
 
 def test_a_sentinel_password_never_shows() -> None:
@@ -148,12 +144,7 @@ def test_bad_replica_options_are_refused(
 
 async def test_no_sentinel_listening_is_one_clear_line() -> None:
     url = f"redis+sentinel://127.0.0.1:{free_port()},127.0.0.1:{free_port()}/{SERVICE}"
-    fanout = RedisFanout(url, connect_timeout=0.5)
-    with pytest.raises(FanoutUnavailable) as caught:
-        await fanout.start()
-    message = str(caught.value)
-    assert "no sentinel answered" in message and "\n" not in message
-    await fanout.stop()
+    await assert_unavailable(url, "no sentinel answered")
 
 
 async def test_an_unknown_service_is_one_clear_line(sentinels: Sentinels) -> None:
@@ -198,39 +189,12 @@ async def test_master_killed_mid_storm_keeps_every_replica_confirmed_advance(
     async with members(sentinels, min_replicas=1, replica_timeout=0.5) as (a, fa, fb, name):
         waits = [asyncio.create_task(fa.wait_for_value(a, key, rounds, 60)) for key in keys]
         await until(lambda: a.num_delayed == len(keys))
-        confirmed: dict[str, int] = {}
-        refused = 0
-
-        async def storm(key: str) -> None:
-            nonlocal refused
-            for value in range(1, rounds + 1):
-                try:
-                    await fb.advance_confirmed(key, value, timeout=1.0)
-                except FanoutUnavailable:
-                    # The new master has no replica yet: nothing more can be confirmed.
-                    refused += 1
-                    return
-                else:
-                    confirmed[key] = value
-
-        storms = [asyncio.create_task(storm(key)) for key in keys]
+        storm = Storm(fb, keys, rounds)
         await asyncio.sleep(0.05)  # the storm is under way
         old = await asyncio.to_thread(sentinels.master)
         old.kill()
         await asyncio.to_thread(sentinels.wait_new_master, old)
-        async with asyncio.timeout(60):  # each call is bounded by its own timeout
-            await asyncio.gather(*storms)
-        # Nothing a replica acknowledged was lost with the master.
-        for key, value in confirmed.items():
-            held = await stored(sentinels, name, key)
-            assert held is not None and held >= value, (key, value, held)
-        # The last round is re-published until it holds: every wait completes, once.
-        for key in keys:
-            if confirmed.get(key) != rounds:
-                fb.advance(key, rounds)
-        async with asyncio.timeout(30):
-            assert await asyncio.gather(*waits) == [float(rounds)] * len(keys)
-        assert a.stats().completed == len(keys)
+        await storm.check(lambda key: stored(sentinels, name, key), waits, a)
         await until(lambda: fa.stats().failovers == 1)  # its subscription moved too, once
 
 
