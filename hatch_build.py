@@ -54,6 +54,7 @@ COMPILED_MODULES = (
     "_index",
     "_watches",
     "_waiters",
+    "_owner",
     "_lifecycle",
     "_detached",
     "_operation",

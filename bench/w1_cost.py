@@ -68,7 +68,7 @@ LIBRARY_FUNCTIONS = (
     ("_timer___Timer___remove_entry", "    Timer.remove_entry"),
     ("_watches___WatchStore___retire", "    WatchStore.retire (purges: drops, frees ops)"),
     ("_watches___WatchStore___discard", "      WatchStore.discard (3 keys)"),
-    ("_lifecycle___Lifecycle___settle", "    settle"),
+    ("_owner___Owner___settle", "    Owner.settle"),
     ("_operation___DelayedOperation_____init__", "DelayedOperation.__init__ (in class)"),
 )
 

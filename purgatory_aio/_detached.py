@@ -3,7 +3,9 @@
 An operation starts out here. Completed or cancelled before any purgatory holds it,
 it settles where that happens: its callbacks run inline (or in a task on the
 running loop, for async or offloaded ones), with no timer, watch list, counter or
-event involved.
+event involved. It is a peer of :class:`~._lifecycle.Lifecycle`, not a kind of
+it: both implement :class:`~._owner.Owner`, and this one holds no timer, no watch
+store and no loop.
 """
 
 from __future__ import annotations
@@ -11,14 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Final
 
-import anyio
-
-from ._clock import DEFAULT_CLOCK
-from ._lifecycle import Lifecycle
 from ._logging import get_logger
+from ._owner import Owner
 from ._shell import run_callbacks
-from ._timer import Timer
-from ._watches import WatchStore
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -30,15 +27,21 @@ _log: Final = get_logger("purgatory_aio.purgatory")
 _running_loop: Final = asyncio._get_running_loop
 
 
-class _Detached(Lifecycle):
+class _Detached(Owner):
     """The owner of operations no purgatory holds: callbacks run where they complete."""
 
     def __init__(self) -> None:
-        # Never started and never timed: its timer and store stay empty.
-        super().__init__("detached", Timer(), WatchStore(1), DEFAULT_CLOCK)
-        self.detached = True
+        super().__init__("detached", detached=True, observed=False, offload=False)
         # Tasks of async callbacks: kept here so they are not collected mid-way.
         self._orphans: set[asyncio.Task[None]] = set()
+
+    def completed(self, op: DelayedOperation[Any], failure: BaseException | None) -> None:
+        # Nothing to withdraw from and nothing counted: on any thread, the callbacks
+        # follow at once (check_can_complete refused those that need a loop without one).
+        self.run_callbacks(op, failure)
+
+    def cancelled(self, op: DelayedOperation[Any]) -> None:
+        self.settle(op, None, False)
 
     def check_can_complete(self, op: DelayedOperation[Any]) -> None:
         cls = type(op)
@@ -49,9 +52,6 @@ class _Detached(Lifecycle):
                 "loop, or hand it to a purgatory first"
             )
 
-    def _claim_thread(self) -> bool:
-        return True  # its callbacks run wherever its operations complete
-
     def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
         _log.error("callback_error", op=repr(op), stage=stage, exc_info=exc)
 
@@ -59,9 +59,6 @@ class _Detached(Lifecycle):
         task = asyncio.get_running_loop().create_task(run_callbacks(self, op, offload))
         self._orphans.add(task)
         task.add_done_callback(self._orphans.discard)
-
-    def limiter(self) -> anyio.CapacityLimiter | None:
-        return None
 
 
 #: The owner of every operation not (yet) handed to a purgatory.

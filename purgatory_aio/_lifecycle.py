@@ -2,7 +2,7 @@
 
 An operation flips its own state word and reports who won
 (:mod:`~purgatory_aio._operation`); the winner then calls its owner, a
-:class:`Lifecycle`, through the three methods declared below. Read top to
+:class:`Lifecycle` here, through the interface :class:`~._owner.Owner` declares. Read top to
 bottom, this module is the whole life of an operation in a purgatory::
 
     admit ─► try ─► watch ─► try ─► timer ─┬─ completed ─► withdraw ─► callbacks ─► settle
@@ -18,7 +18,9 @@ after a transition runs on the loop thread: one won on another thread is handed
 over. User code may raise anything: every ``BaseException`` becomes the
 operation's outcome and is logged and counted; only ``KeyboardInterrupt`` and
 ``SystemExit`` propagate, and only after the operation has settled. Operations no
-purgatory holds belong to the detached owner (:mod:`._detached`).
+purgatory holds belong to the detached owner (:mod:`._detached`), the other
+implementation of that interface, which shares the callbacks and the settlement
+with this one (both in :mod:`._owner`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ._clock import Clock
 from ._errors import FATAL, OutsideLoop, PurgatoryClosed
 from ._keys import bad_key, check_keys, fails_lookup, looked_up, not_an_operation, not_fresh
 from ._logging import get_logger
+from ._owner import Owner
 from ._records import event_of
 from ._shell import run_callbacks
 from ._states import (
@@ -44,13 +47,10 @@ from ._states import (
     COMPLETED,
     ENDED,
     EXPIRED,
-    FAILED,
-    SETTLED,
     SHUTDOWN,
     transition,
 )
 from ._timer import Timer
-from ._waiters import not_a_result, release_waiters
 from ._watches import IN_WALK, WatchStore
 from .events import EventSink
 
@@ -78,12 +78,11 @@ _track: Final = _gc.track
 _track_container: Final = _gc.track_container
 
 
-class Lifecycle:
+class Lifecycle(Owner):
     """Everything that happens to the operations of one purgatory after a transition.
 
-    The interface operations call (and nothing else of this class):
-    :meth:`completed` (satisfied, expired or shut down), :meth:`cancelled` and
-    :meth:`callback_failed`.
+    Operations call it only through the :class:`~._owner.Owner` interface; the
+    purgatory calls the rest (admission, the walks over a key, shutdown's part).
     """
 
     def __init__(
@@ -98,7 +97,12 @@ class Lifecycle:
         offload_threads: int = 8,
         log_operations: bool = False,
     ) -> None:
-        self.name = name
+        super().__init__(
+            name,
+            detached=False,
+            observed=event_sink is not None or log_operations,
+            offload=offload,
+        )
         self._timer = timer
         self._store = store
         self._clock = clock
@@ -107,8 +111,6 @@ class Lifecycle:
         self._horizon = timer.horizon
         self._sink = event_sink
         self._log_ops = log_operations
-        self._observed = event_sink is not None or log_operations
-        self._offload = offload
         self._offload_threads = offload_threads
         self._capacity: anyio.CapacityLimiter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -116,8 +118,6 @@ class Lifecycle:
         self._loop_running: Callable[[], bool] = _not_started
         self._thread_id = -1
         self.closed = False
-        #: Whether this owner holds the operations no purgatory holds (see _detached).
-        self.detached = False
         self._ids = itertools.count(1)
         self.n_completed = 0
         self.n_expired = 0
@@ -235,7 +235,7 @@ class Lifecycle:
         op: DelayedOperation[Any],
         keys: tuple[Hashable, ...],
         exc: BaseException,
-        detached: Lifecycle,
+        detached: Owner,
     ) -> NoReturn:
         """Undo the admission of ``op``, which the watch lists raised ``exc`` for: back
         to its ``detached`` owner."""
@@ -348,7 +348,8 @@ class Lifecycle:
 
         Off the loop thread it is handed to the loop. On it: out of the timer, its
         watch entries stale, counted, then ``on_complete`` (and ``on_expiration``
-        if it expired) inline, or in a task or a worker thread, and settled.
+        if it expired) inline, or in a task or a worker thread, and settled (both
+        :meth:`~._owner.Owner.run_callbacks`, shared with the detached owner).
         """
         if self._thread_id != _get_ident() and not self._claim_thread():
             self._hand_over(self.completed, op, failure)
@@ -369,25 +370,7 @@ class Lifecycle:
             self.n_shutdown += 1
         else:
             self.n_expired += 1
-        if failure is not None:
-            self.settle(op, failure, True)
-            return
-        cls = type(op)
-        expired = state & EXPIRED
-        inline = cls._inline_expire if expired else cls._inline_complete
-        if inline and not self._offload:
-            stage = "on_complete"
-            try:
-                result = op.on_complete()
-                if expired:
-                    stage = "on_expiration"
-                    op.on_expiration()
-            except BaseException as exc:
-                self.callback_raised(op, exc, stage)
-            else:
-                self.settle(op, result, False)
-            return
-        self._spawn(op, cls.offload_callbacks or self._offload)
+        self.run_callbacks(op, failure)
 
     def cancelled(self, op: DelayedOperation[Any]) -> None:
         """``op`` won *cancelled*: no callback runs, awaiters get CancelledError."""
@@ -414,9 +397,6 @@ class Lifecycle:
         self.n_errors += 1
         _log.error("callback_error", purgatory=self.name, op=repr(op), stage=stage, exc_info=exc)
 
-    def check_can_complete(self, op: DelayedOperation[Any]) -> None:
-        """Refuse a completion that could not run its callbacks (detached operations)."""
-
     # -- what the shutdown (see _shutdown) asks of it --------------------------------------------
 
     def loop_closed(self) -> bool:
@@ -436,35 +416,7 @@ class Lifecycle:
         if transition(op, COMPLETED | EXPIRED | SHUTDOWN):
             self.completed(op, None)
 
-    # -- callbacks and settlement ------------------------------------------------------------
-
-    def callback_raised(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
-        """A callback of ``op`` raised ``exc`` at ``stage``: log and count it, settle ``op``
-        with it, and raise it again if it must stop the program (KeyboardInterrupt,
-        SystemExit)."""
-        self.callback_failed(op, exc, stage)
-        self.settle(op, exc, True)
-        if isinstance(exc, FATAL):
-            raise exc
-
-    def settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
-        """Record the outcome, release awaiters, emit the event (once per operation)."""
-        if _track is not None:
-            # Every settlement ends here: the operation (untracked while pending, see
-            # watch) and its dict are the collector's again.
-            _track(op)
-        if failed:  # a branch the state bits needed anyway: success costs nothing more
-            if isinstance(outcome, StopIteration):
-                outcome = not_a_result(outcome)
-            op._outcome = outcome
-            op._state |= SETTLED | FAILED
-        else:
-            op._outcome = outcome
-            op._state |= SETTLED
-        if op._waiter is not None:
-            release_waiters(op)
-        if self._observed:
-            self._observe(op)
+    # -- settlement (the rest is Owner's) -------------------------------------------------------
 
     def retrack_pending(self) -> None:
         """Give every operation still pending, and the containers holding them, back to

@@ -5,7 +5,8 @@ An operation owns exactly one thing: its state word. Each transition out of
 guarded update of that word, taken under one lock, so exactly one of any number
 of concurrent ``force_complete``/expiration/``cancel``/shutdown calls wins, from
 whichever thread. The winner hands the operation to its owner
-(:class:`~purgatory_aio._lifecycle.Lifecycle`), which does everything that
+(:class:`~purgatory_aio._owner.Owner`: a purgatory's lifecycle, or the detached
+owner), which does everything that
 follows — timer and watch bookkeeping, callbacks, settlement, awaiters, counters
 and events — in one place.
 """
@@ -23,8 +24,8 @@ from typing import Any, ClassVar, Generic, SupportsFloat, SupportsIndex, TypeVar
 from . import _shell
 from ._detached import DETACHED
 from ._entry import TimerEntry
-from ._lifecycle import Lifecycle
 from ._native import mypyc_attr
+from ._owner import Owner
 from ._states import (
     CANCELLED,
     COMPLETED,
@@ -90,12 +91,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # this table; "-" means nothing after __init__):
     #   _timeout   -                         the timeout given
     #   _owner     _lifecycle                its purgatory's lifecycle from admission on
+    #                                        (and the detached owner again if refused)
     #   _keys      _lifecycle                the keys it was handed over with
     #   _deadline  _lifecycle, _timer        when it expires (set at admission; the
     #                                        timer's add_entry sets every entry's)
     #   _busy      _lifecycle                a try of it is under way
-    #   _outcome   _lifecycle                its result or exception, at settlement
-    #   _state     _states, _operation, _lifecycle  the state word: transitions (and
+    #   _outcome   _owner                    its result or exception, at settlement
+    #   _state     _states, _operation, _owner  the state word: transitions (and
     #                                        force_complete's inline copy of one,
     #                                        tests/test_hot_path_shape.py), settlement
     #   _waiter    _waiters                  the futures of its awaiters
@@ -168,7 +170,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._state = 0
         self._busy = False
         self._bucket = None
-        self._owner: Lifecycle = DETACHED
+        self._owner: Owner = DETACHED
         self._keys: tuple[Hashable, ...] = ()
         self._store = NOT_WATCHED  # see _watches
         self._waiter: asyncio.Future[None] | list[asyncio.Future[None]] | None = None

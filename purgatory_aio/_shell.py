@@ -34,6 +34,7 @@ from ._logging import get_logger
 if TYPE_CHECKING:
     from ._lifecycle import Lifecycle
     from ._operation import DelayedOperation
+    from ._owner import Owner
     from ._purgatory import Purgatory
     from ._shutdown import Shutdown
     from ._timer import Timer
@@ -212,7 +213,7 @@ async def callbacks_finished(orchestra: Shutdown) -> bool:
 # -- callbacks -------------------------------------------------------------------------------
 
 
-async def run_callbacks(life: Lifecycle, op: DelayedOperation[Any], offload: bool) -> None:
+async def run_callbacks(life: Owner, op: DelayedOperation[Any], offload: bool) -> None:
     """A callback task: ``on_complete`` (then ``on_expiration`` if expired), then settle."""
     cls = type(op)
     stage = "on_complete"
@@ -236,7 +237,7 @@ async def run_callbacks(life: Lifecycle, op: DelayedOperation[Any], offload: boo
         life.settle(op, result, False)
 
 
-async def _call(life: Lifecycle, fn: Callable[[], Any], is_async: bool, offload: bool) -> Any:
+async def _call(life: Owner, fn: Callable[[], Any], is_async: bool, offload: bool) -> Any:
     if is_async:
         return await fn()
     if offload:

@@ -100,6 +100,7 @@ CORE_TESTS = (
     "test_operation_edges.py",
     "test_operation_weakrefs.py",
     "test_outcome.py",
+    "test_owners.py",
     "test_purgatory.py",
     "test_purgatory_model.py",
     "test_real_loop.py",
