@@ -63,11 +63,11 @@ def assert_refused(url: str, says: str) -> None:
     assert "secret" not in str(caught.value)
 
 
-async def assert_unavailable(url: str, says: str) -> None:
+async def assert_unavailable(url: str, says: str, connect_timeout: float = 0.5) -> None:
     """Starting a RedisFanout on ``url`` fails with one FanoutUnavailable line saying ``says``."""
     from purgatory_aio.fanout import RedisFanout
 
-    fanout = RedisFanout(url, connect_timeout=0.5)
+    fanout = RedisFanout(url, connect_timeout=connect_timeout)
     with pytest.raises(FanoutUnavailable) as caught:
         await fanout.start()
     message = str(caught.value)

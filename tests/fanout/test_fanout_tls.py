@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fanout_support import RedisServer, until
+from fanout_support import RedisServer, assert_unavailable, until
 from tls_support import make_ca, make_certificate
 
 from purgatory_aio import Purgatory
@@ -73,12 +73,7 @@ async def test_a_wrong_certificate_is_one_clear_line(
     tls_redis: TlsRedis, host: str, other_ca: bool, says: str
 ) -> None:
     url = tls_redis.url(host, tls_redis.other_ca if other_ca else None)
-    fanout = RedisFanout(url, connect_timeout=1.0)
-    with pytest.raises(FanoutUnavailable) as caught:
-        await fanout.start()
-    message = str(caught.value)
-    assert says in message and "\n" not in message
-    await fanout.stop()
+    await assert_unavailable(url, says, connect_timeout=1.0)
 
 
 async def test_plain_redis_to_a_tls_port_is_one_clear_line(tls_redis: TlsRedis) -> None:
