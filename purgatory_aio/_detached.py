@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._logging import get_logger
 from ._owner import Owner
 from ._shell import run_callbacks
+from ._states import ENDED
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
@@ -45,7 +46,9 @@ class _Detached(Owner):
 
     def check_can_complete(self, op: DelayedOperation[Any]) -> None:
         cls = type(op)
-        if not cls._inline_complete and _running_loop() is None:
+        # An ended operation is not refused: its force_complete loses the transition and
+        # returns False, whatever its callbacks would have needed.
+        if not cls._inline_complete and not op._state & ENDED and _running_loop() is None:
             what = "an async on_complete" if cls._async_complete else "offloaded callbacks"
             raise RuntimeError(
                 f"{op!r} has {what} and no purgatory: complete it from a running event "

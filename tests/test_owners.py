@@ -10,6 +10,7 @@ after the first transition changes its outcome.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -95,6 +96,33 @@ def test_a_detached_async_operation_is_refused_off_a_loop_and_left_pending() -> 
     assert not op.done() and op.completions == 0
     assert op.cancel()
     assert op.done() and op.cancelled and not op.cancel() and op.completions == 0
+
+
+def test_an_ended_detached_operation_needing_a_loop_refuses_a_completion_with_false() -> None:
+    # force_complete on a detached operation that has ended already is a lost race, not a
+    # mistake: it returns False, even for an async (or offloaded) class, with no loop
+    # running on the calling thread, and changes nothing.
+    class Offloaded(MockOperation):
+        offload_callbacks = True
+
+    for cls in (AsyncOperation, Offloaded):
+        op = cls(10)
+        assert op.cancel()
+        answers: list[object] = []
+
+        def complete_again(op: MockOperation = op, answers: list[object] = answers) -> None:
+            try:
+                answers.append(op.force_complete())
+            except BaseException as exc:
+                answers.append(exc)
+
+        worker = threading.Thread(target=complete_again)
+        worker.start()
+        worker.join(10)
+        assert answers == [False], cls
+        complete_again()  # and from this thread, with no loop either
+        assert answers == [False, False], cls
+        assert op.cancelled and op.done() and op.completions == 0 and not op.cancel()
 
 
 async def test_a_detached_async_operation_settles_once_in_its_task() -> None:
