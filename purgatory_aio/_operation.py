@@ -107,7 +107,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     #   _deadline  _lifecycle, _wheels   when it expires (set at admission, for its tries;
     #                                    the timer's add_entry sets every entry's)
     #   _busy      _operation, _lifecycle  a try of it is under way (try_guarded, and
-    #                                    its copy in the admission)
+    #                                    its two copies in the admission)
     #   _outcome   _operation            its result or exception, at settlement
     #   _state     _operation            the state word: transitions, settlement
     #   _waiter    _waiters              the futures of its awaiters
@@ -538,8 +538,8 @@ def try_guarded(op: DelayedOperation[Any]) -> bool:
     (it could otherwise be left pending with a condition that can never be checked);
     only ``KeyboardInterrupt`` and ``SystemExit`` then propagate.
 
-    The admission (Lifecycle.watch) carries this body inline, from the guard on, for its
-    two tries; tests/test_hot_path_shape.py holds the copy to it.
+    The admission (Lifecycle.watch) carries this body inline twice, from the guard on,
+    for its two tries; tests/test_hot_path_shape.py holds the copies to it.
     """
     if op._busy or op._state & ENDED:
         return False

@@ -1,6 +1,6 @@
 """The hot path's shape: where the core keeps a hand-inlined copy of a function for speed,
 the copy and the function agree on every input (force_complete's copy of transition(),
-the admission's copy of try_guarded(), run for both its tries)."""
+the admission's two copies of try_guarded(), one for each of its tries)."""
 
 from __future__ import annotations
 
