@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Final, NoReturn
@@ -64,6 +65,8 @@ def _not_started() -> bool:
 
 
 _running_loop: Final = asyncio._get_running_loop
+#: Whether asyncio's _get_running_loop is a cheap C call here (no getpid(), from 3.12 on).
+_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)
 
 # The cyclic-GC helpers (see _gc): statics in the compiled build, so each is one C call
 # with no lookup; None in the pure build.
@@ -168,10 +171,15 @@ class Lifecycle(Owner):
         if self.closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
         # On the thread the purgatory's loop runs on, with that loop running, the running
-        # loop is that one (a thread runs one loop at a time). Checked that way rather
-        # than by asyncio's _get_running_loop, which on Python 3.11 makes a getpid()
-        # system call each time: 137 against 29 + 23 ns per call here.
-        if self.thread_id != _get_ident() or not self._loop_running():
+        # loop is that one (a thread runs one loop at a time). On Python 3.11 the loop is
+        # asked (its is_running) rather than asyncio's _get_running_loop, which makes a
+        # getpid() system call there: 137 against 29 + 23 ns per call. From 3.12 on that
+        # call reads a per-thread cache (30-37 ns), and it is asked instead: a C call in
+        # place of asyncio's is_running, a Python method (W1-cost on 3.12, compiled,
+        # asyncio: 22,044 -> 21,537 instructions per operation, -507).
+        if self.thread_id != _get_ident() or (
+            _running_loop() is not self._loop if _CACHED_RUNNING_LOOP else not self._loop_running()
+        ):
             self.start()
         try:
             detached = op._owner
