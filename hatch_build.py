@@ -43,8 +43,6 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 #: The one list to edit when a core module is added; a listed module that does
 #: not exist fails the build.
 COMPILED_MODULES = (
-    "_bucket",
-    "_wheel",
     "_wheels",
     "_entry",
     "_states",

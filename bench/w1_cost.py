@@ -58,17 +58,16 @@ TIMEOUT = 0.2
 #: (``CPyDef_<module>___<Class>___<method>``), with the label printed.
 LIBRARY_FUNCTIONS = (
     ("_purgatory___Purgatory___try_complete_else_watch", "try_complete_else_watch"),
-    ("_lifecycle___Lifecycle___watch", "  Lifecycle.watch (admission)"),
+    ("_lifecycle___Lifecycle___watch", "  Lifecycle.watch (admission; 2 tries inline)"),
     ("_keys___check_keys", "    check_keys (validation)"),
-    ("_lifecycle___try_guarded", "    try_guarded x2 (user's try_complete inside)"),
     ("_watches___WatchStore___watch", "    WatchStore.watch (3 keys)"),
-    ("_timer___Timer___add_entry", "    Timer.add_entry"),
+    ("_wheels___Wheels___add_entry", "    Wheels.add_entry"),
     ("_operation___DelayedOperation___force_complete", "force_complete"),
-    ("_lifecycle___Lifecycle___completed", "  Lifecycle.completed (user's on_complete inside)"),
-    ("_timer___Timer___remove_entry", "    Timer.remove_entry"),
+    ("_operation___completed", "  completed (aftermath; user's on_complete inside)"),
+    ("_wheels___Wheels___remove_entry", "    Wheels.remove_entry"),
     ("_watches___WatchStore___retire", "    WatchStore.retire (purges: drops, frees ops)"),
     ("_watches___WatchStore___discard", "      WatchStore.discard (3 keys)"),
-    ("_owner___Owner___settle", "    Owner.settle"),
+    ("_operation___settle", "    settle"),
     ("_operation___DelayedOperation_____init__", "DelayedOperation.__init__ (in class)"),
 )
 

@@ -15,8 +15,8 @@ from ._native import mypyc_attr
 from ._validation import check_seconds
 
 if TYPE_CHECKING:
-    from ._bucket import Bucket
     from ._timer import Timer
+    from ._wheels import Bucket
 
 __all__ = ["TimerEntry", "TimerHandle"]
 
@@ -25,9 +25,9 @@ __all__ = ["TimerEntry", "TimerHandle"]
 class TimerEntry:
     """Something the timer can hold: a deadline, its bucket, and what to do when due.
 
-    Subclasses implement :meth:`_fire`. The timer owns ``_bucket`` and
-    ``_deadline``; ``_prev``/``_next`` chain the entry in its bucket, and only the
-    bucket touches them.
+    Subclasses implement :meth:`_fire`. The timer's wheels (``_wheels``) own
+    ``_bucket``, ``_prev`` and ``_next`` (the links of the entry in its bucket) and set
+    ``_deadline`` when it is added.
     """
 
     __slots__ = ("_bucket", "_deadline", "_next", "_prev")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._operation import DelayedOperation
 
 #: Exceptions that may leave a callback's frame (after its operation has settled);
 #: every other exception a callback raises is caught, logged and counted.
@@ -25,3 +28,21 @@ def not_copyable(obj: object, why: str) -> TypeError:
     a second, silently diverging claim on the same things.
     """
     return TypeError(f"cannot copy or pickle {obj!r}: {why}")
+
+
+def uninitialised(op: DelayedOperation[Any]) -> TypeError:
+    """What using an operation whose ``__init__`` skipped ``DelayedOperation.__init__`` raises."""
+    name = type(op).__name__
+    return TypeError(
+        f"{name} is not initialised: {name}.__init__ must call super().__init__(timeout)"
+    )
+
+
+def never_handed_over(op: DelayedOperation[Any]) -> RuntimeError:
+    """What awaiting a pending operation that no purgatory holds raises."""
+    return RuntimeError(
+        f"{op!r} was never handed to a purgatory, so nothing would ever complete or expire "
+        "it and awaiting it would wait for ever: hand it over first "
+        "(purgatory.try_complete_else_watch(op, keys) or purgatory.watch_and_wait(op, keys)), "
+        "or complete or cancel it"
+    )

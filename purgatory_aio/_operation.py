@@ -1,29 +1,28 @@
 """DelayedOperation: completes when its condition holds, or at its deadline at the latest.
 
-An operation owns exactly one thing: its state word. Each transition out of
-*pending* — completed (satisfied, expired or shut down) or cancelled — is one
-guarded update of that word, taken under one lock, so exactly one of any number
-of concurrent ``force_complete``/expiration/``cancel``/shutdown calls wins, from
-whichever thread. The winner hands the operation to its owner
-(:class:`~purgatory_aio._owner.Owner`: a purgatory's lifecycle, or the detached
-owner), which does everything that
-follows — timer and watch bookkeeping, callbacks, settlement, awaiters, counters
-and events — in one place.
+An operation owns its state word and what follows a transition at once. Each
+transition out of *pending* (completed: satisfied, expired or shut down; or
+cancelled) is one guarded update of that word, so exactly one of any number of
+concurrent calls wins, from whichever thread. The winner runs the aftermath here, in
+Kafka's shape: out of the timer, watch entries retired, counted, callbacks, settled.
+What only its owner (:class:`~purgatory_aio._owner.Owner`) can do, it asks of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
+import threading
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable
-from types import MemberDescriptorType
-from typing import Any, ClassVar, Generic, SupportsFloat, SupportsIndex, TypeVar, final
+from typing import Any, ClassVar, Final, Generic, SupportsFloat, SupportsIndex, TypeVar, final
 
-from . import _shell
+from . import _gc, _shell
+from ._copying import fresh as _fresh  # also where pickles of old releases find it
+from ._copying import library_attributes, not_copyable_operation, restore_state, subclass_state
 from ._detached import DETACHED
 from ._entry import TimerEntry
+from ._errors import FATAL, never_handed_over, uninitialised
 from ._native import mypyc_attr
 from ._owner import Owner
 from ._states import (
@@ -33,20 +32,32 @@ from ._states import (
     EXPIRED,
     FAILED,
     LOCKED,
+    NOT_WATCHED,
     SETTLED,
+    SHUTDOWN,
     acquire,
     describe,
     release,
-    transition,
 )
 from ._validation import INF, check_seconds
-from ._waiters import add_waiter, forget
-from ._watches import NOT_WATCHED
+from ._waiters import add_waiter, forget, not_a_result, release_waiters
 from .events import Outcome
 
-__all__ = ["DelayedOperation"]
+__all__ = [
+    "DelayedOperation",
+    "callback_raised",
+    "cancelled",
+    "completed",
+    "settle",
+    "tried_raising",
+    "try_guarded",
+]
 
 R = TypeVar("R")
+
+_get_ident: Final = threading.get_ident
+# Statics in the compiled build (see _gc), so each is one C call; None in the pure build.
+_track: Final = _gc.track
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -89,24 +100,22 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # One writer per slot. Who writes each slot once __init__ has set it (TimerEntry's
     # four included), the modules named (tests/test_slot_writers.py holds the code to
     # this table; "-" means nothing after __init__):
-    #   _timeout   -                         the timeout given
-    #   _owner     _lifecycle                its purgatory's lifecycle from admission on
-    #                                        (and the detached owner again if refused)
-    #   _keys      _lifecycle                the keys it was handed over with
-    #   _deadline  _lifecycle, _timer        when it expires (set at admission; the
-    #                                        timer's add_entry sets every entry's)
-    #   _busy      _lifecycle                a try of it is under way
-    #   _outcome   _owner                    its result or exception, at settlement
-    #   _state     _states, _operation, _owner  the state word: transitions (and
-    #                                        force_complete's inline copy of one,
-    #                                        tests/test_hot_path_shape.py), settlement
-    #   _waiter    _waiters                  the futures of its awaiters
-    #   _ident     _watches                  its key in plain watch lists
-    #   _store     _watches                  where the store holds it
-    #   _bucket    _bucket, _wheels          its timer bucket (a pass of the timer
-    #                                        clears it when it fires the entry)
-    #   _prev      _bucket                   its neighbours in that bucket
-    #   _next      _bucket
+    #   _timeout   -                     the timeout given
+    #   _owner     _lifecycle            its purgatory's lifecycle from admission on
+    #                                    (and the detached owner again if refused)
+    #   _keys      _lifecycle            the keys it was handed over with
+    #   _deadline  _lifecycle, _wheels   when it expires (set at admission, for its tries;
+    #                                    the timer's add_entry sets every entry's)
+    #   _busy      _operation, _lifecycle  a try of it is under way (try_guarded, and
+    #                                    its two copies in the admission)
+    #   _outcome   _operation            its result or exception, at settlement
+    #   _state     _operation            the state word: transitions, settlement
+    #   _waiter    _waiters              the futures of its awaiters
+    #   _ident     _watches              its key in plain watch lists
+    #   _store     _watches              where the store holds it
+    #   _bucket    _wheels               its timer bucket, and its neighbours there
+    #   _prev      _wheels
+    #   _next      _wheels
     __slots__ = (
         "_busy",
         "_ident",
@@ -127,13 +136,11 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     untrack_while_pending: ClassVar[bool] = True
     _async_complete: ClassVar[bool] = False
     _async_expire: ClassVar[bool] = False
-    # Whether the callbacks of a satisfied / an expired operation can run inline on the
-    # loop: decided once per class so the completion path reads one attribute.
+    # Whether a satisfied / an expired one's callbacks run inline: one read per completion.
     _inline_complete: ClassVar[bool] = True
     _inline_expire: ClassVar[bool] = True
-    # Abstract methods a class leaves unimplemented. ABCMeta refuses to instantiate such
-    # a class, but the compiled build's classes do not go through ABCMeta, so __init__
-    # checks this too (one class-attribute read).
+    # Abstract methods a class leaves unimplemented, for __init__ to refuse (the compiled
+    # build's classes do not go through ABCMeta).
     _unimplemented: ClassVar[tuple[str, ...]] = ("on_complete", "try_complete")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -172,7 +179,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._bucket = None
         self._owner: Owner = DETACHED
         self._keys: tuple[Hashable, ...] = ()
-        self._store = NOT_WATCHED  # see _watches
+        self._store = NOT_WATCHED  # where the watch store holds it (see _watches)
         self._waiter: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
         self._outcome: Any = None
 
@@ -207,7 +214,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         try:
             return self._timeout
         except AttributeError:
-            raise _uninitialised(self) from None
+            raise uninitialised(self) from None
 
     @property
     @final
@@ -216,7 +223,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         try:
             return self._deadline if self._owner is not DETACHED else None
         except AttributeError:
-            raise _uninitialised(self) from None
+            raise uninitialised(self) from None
 
     @property
     @final
@@ -225,7 +232,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         try:
             return self._keys
         except AttributeError:
-            raise _uninitialised(self) from None
+            raise uninitialised(self) from None
 
     @property
     @final
@@ -300,7 +307,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         try:
             detached = self._owner is DETACHED
         except AttributeError:  # the one read that can fail: see "state" above
-            raise _uninitialised(self) from None
+            raise uninitialised(self) from None
         if detached:
             DETACHED.check_can_complete(self)  # refuses before anything changes
         # transition(), inlined: this is every satisfied operation's path.
@@ -315,7 +322,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._state = state | COMPLETED
         if LOCKED:
             release()
-        owner.completed(self, None)
+        completed(self, None, owner)  # the owner read under the lock: see Lifecycle.watch
         return True
 
     def cancel(self) -> bool:
@@ -324,17 +331,17 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         try:
             won = transition(self, CANCELLED)
         except AttributeError:  # transition() reads the state word before any lock
-            raise _uninitialised(self) from None
+            raise uninitialised(self) from None
         if not won:
             return False
-        self._owner.cancelled(self)
+        cancelled(self, None)
         return True
 
     @final
     def _fire(self) -> None:
         """The timer says the deadline has passed (always on the loop thread)."""
         if transition(self, COMPLETED | EXPIRED):
-            self._owner.completed(self, None)
+            completed(self, None)
 
     # -- awaiting ----------------------------------------------------------------------------
 
@@ -347,7 +354,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             return _shell.settled(self)
         if not state & ENDED and self._owner is DETACHED:
             # Pending and in no purgatory: nothing would ever complete or expire it.
-            raise _never_handed_over(self)
+            raise never_handed_over(self)
         # One future per awaiting task: a task that is cancelled cancels only its own,
         # and the common single awaiter costs one future, no shield around a shared one.
         future = asyncio.get_running_loop().create_future()
@@ -378,33 +385,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
                 f"super().__init__(timeout)"
             ) from None
         if owner is not DETACHED or state:
-            status = describe(state)
-            why = "completed by shutdown" if status == "shutdown" else status
-            where = f" in purgatory {owner.name!r}" if owner is not DETACHED else ""
-            raise TypeError(
-                f"cannot copy or pickle {self!r}: it is {why}{where}, and only a fresh "
-                f"operation (never handed to a purgatory, completed or cancelled) can be "
-                f"copied: a copy would be a second claim on its timer slot, watch lists and "
-                f"result; construct a new {type(self).__name__} instead"
-            )
+            raise not_copyable_operation(self, state, owner.name if owner is not DETACHED else None)
         return (_fresh, (type(self), timeout), self.__getstate__())
 
     def __getstate__(self) -> object:
         """The subclass's own state: its ``__dict__`` and its ``__slots__``, in one dict
         (None when it has none). The library's own state is never part of it."""
-        state: dict[str, object] = {}
-        for klass in type(self).__mro__:
-            if klass in _LIBRARY_BASES:
-                continue
-            # Each slot is a member descriptor in its class, under its stored (mangled) name.
-            for name, member in vars(klass).items():
-                if isinstance(member, MemberDescriptorType) and name not in state:
-                    with contextlib.suppress(AttributeError):  # an unset slot stays unset
-                        state[name] = member.__get__(self, klass)
-        fields = getattr(self, "__dict__", None)
-        if fields:
-            state.update(fields)
-        return state or None
+        return subclass_state(self, _LIBRARY_BASES)
 
     def __setstate__(self, state: object) -> None:
         """Restores what :meth:`__getstate__` returned (or ``object``'s ``(dict, slots)``
@@ -414,34 +401,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         one that is not a dict of attribute names, ValueError for a library name)
         leaves the operation as it was.
         """
-        fields: dict[Any, object]
-        if isinstance(state, dict):
-            fields = state
-        elif (
-            isinstance(state, tuple)
-            and len(state) == 2
-            and all(part is None or isinstance(part, dict) for part in state)
-        ):
-            fields = {**(state[0] or {}), **(state[1] or {})}
-        else:
-            raise TypeError(
-                f"{type(self).__name__}.__setstate__ takes a dict of attributes, "
-                f"not {type(state).__name__}"
-            )
-        bad = [name for name in fields if not isinstance(name, str)]
-        if bad:
-            raise TypeError(
-                f"{type(self).__name__}.__setstate__ takes attribute names as str, "
-                f"not {', '.join(map(repr, bad))}"
-            )
-        reserved = sorted(name for name in fields if name in _LIBRARY_ATTRIBUTES)
-        if reserved:
-            raise ValueError(
-                f"{type(self).__name__}.__setstate__ cannot set the library's own "
-                f"attribute(s) {', '.join(map(repr, reserved))}"
-            )
-        for name, value in fields.items():
-            setattr(self, name, value)
+        restore_state(self, state, _LIBRARY_ATTRIBUTES)
 
     def __repr__(self) -> str:
         # Never raises: logs and error messages (that one about forgetting super().__init__
@@ -454,39 +414,175 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         return f"<{name} {describe(state)} timeout={timeout}>"
 
 
+# -- the aftermath of a transition, run by the operation that won it ---------------------------
+
+
+def completed(
+    op: DelayedOperation[Any], failure: BaseException | None, owner: Owner | None = None
+) -> None:
+    """``op`` won *completed* (satisfied, expired or shut down), or ``try_complete``
+    raised ``failure``: everything up to its settlement. Off its purgatory's loop
+    thread all of it is handed to the loop; detached, the callbacks run right here.
+    """
+    if owner is None:
+        owner = op._owner
+    if not owner.detached:
+        if owner.thread_id != _get_ident() and not owner.claim_thread():
+            owner.hand_over(completed, op, failure)
+            return
+        # Won on the loop thread: if a try of op is under way, this is its doing (see
+        # tried_raising, which reads this when try_complete raises after completing).
+        op._busy = False
+        if op._bucket is not None:
+            owner.timer.remove_entry(op)  # type: ignore[union-attr]
+        if op._store:
+            owner.store.retire(op)  # type: ignore[union-attr]
+        state = op._state
+        if not state & EXPIRED:
+            owner.n_completed += 1
+        elif state & SHUTDOWN:
+            owner.n_shutdown += 1
+        else:
+            owner.n_expired += 1
+    if failure is not None:
+        settle(op, failure, True)
+        return
+    cls = type(op)
+    expired = op._state & EXPIRED
+    inline = cls._inline_expire if expired else cls._inline_complete
+    if inline and not owner.offload:
+        stage = "on_complete"
+        try:
+            result = op.on_complete()
+            if expired:
+                stage = "on_expiration"
+                op.on_expiration()
+        except BaseException as exc:
+            callback_raised(op, exc, stage)
+        else:
+            settle(op, result, False)
+        return
+    owner.spawn(op, cls.offload_callbacks or owner.offload)
+
+
+def cancelled(op: DelayedOperation[Any], failure: BaseException | None) -> None:
+    """``op`` won *cancelled*: withdrawn as by :func:`completed`, but no callback runs and
+    awaiters get CancelledError (``failure`` is None: the shape hand_over runs)."""
+    owner = op._owner
+    if not owner.detached:
+        if owner.thread_id != _get_ident() and not owner.claim_thread():
+            owner.hand_over(cancelled, op, failure)
+            return
+        if op._bucket is not None:
+            owner.timer.remove_entry(op)  # type: ignore[union-attr]
+        if op._store:
+            owner.store.retire(op)  # type: ignore[union-attr]
+        owner.n_cancelled += 1
+    settle(op, None, False)
+
+
+def callback_raised(op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
+    """A callback of ``op`` raised ``exc`` at ``stage``: logged and counted by its owner,
+    ``op`` settled with it, raised again if it must stop the program."""
+    op._owner.callback_failed(op, exc, stage)
+    settle(op, exc, True)
+    if isinstance(exc, FATAL):
+        raise exc
+
+
+def settle(op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
+    """Record the outcome, release awaiters, emit the event (once per operation)."""
+    if _track is not None:
+        _track(op)  # untracked while pending (Lifecycle.watch): the collector's again
+    if failed:  # a branch the state bits needed anyway: success costs nothing more
+        if isinstance(outcome, StopIteration):
+            outcome = not_a_result(outcome)
+        op._outcome = outcome
+        op._state |= SETTLED | FAILED
+    else:
+        op._outcome = outcome
+        op._state |= SETTLED
+    if op._waiter is not None:
+        release_waiters(op)
+    owner = op._owner
+    if owner.observed:
+        owner.observe(op)
+
+
+def transition(op: DelayedOperation[Any], bits: int) -> bool:
+    """Set ``bits`` if ``op`` is still pending; True for the one caller that did. The
+    locked region cannot raise: no try/finally, which costs the compiled build 0.5k
+    instructions a region (it saves and restores the exception state), measured."""
+    if LOCKED:
+        # Read once before the lock: an ended operation needs none, and an unset state
+        # word (a subclass that skipped DelayedOperation.__init__) raises here.
+        if op._state & ENDED:
+            return False
+        acquire()
+    state = op._state
+    won = not state & ENDED
+    if won:
+        op._state = state | bits
+    if LOCKED:
+        release()
+    return won
+
+
+# -- the guarded try: how the walks and the admission call try_complete -----------------------
+
+
+def try_guarded(op: DelayedOperation[Any]) -> bool:
+    """``op.try_complete()`` guarded against re-entrant calls; True only for a real completion.
+
+    Whatever ``try_complete`` raises completes the operation with that exception
+    (it could otherwise be left pending with a condition that can never be checked);
+    only ``KeyboardInterrupt`` and ``SystemExit`` then propagate.
+
+    The admission (Lifecycle.watch) carries this body inline twice, from the guard on,
+    for its two tries; tests/test_hot_path_shape.py holds the copies to it.
+    """
+    if op._busy or op._state & ENDED:
+        return False
+    op._busy = True
+    try:
+        done = bool(op.try_complete())
+    except BaseException as exc:
+        return tried_raising(op, exc)
+    op._busy = False
+    return done and op._state & COMPLETED != 0
+
+
+def tried_raising(op: DelayedOperation[Any], exc: BaseException) -> bool:
+    """``op.try_complete()`` raised ``exc``: complete ``op`` with it if still pending;
+    whether the try counts as a completion. Clears ``_busy``; re-raises a FATAL one."""
+    try:
+        if isinstance(exc, FATAL):
+            # Let it through once the operation has settled (by its own completion, or here).
+            if not op._state & ENDED:
+                fail(op, exc)
+            raise exc
+        # A completion won by this try on this thread counts though try_complete raised
+        # after it (completed() cleared _busy); one won by another thread does not.
+        return fail(op, exc) or (op._state & COMPLETED != 0 and not op._busy)
+    finally:
+        op._busy = False
+
+
+def fail(op: DelayedOperation[Any], exc: BaseException) -> bool:
+    """``try_complete`` raised: complete ``op`` with ``exc`` as its outcome if still pending."""
+    op._owner.callback_failed(op, exc, "try_complete")
+    if not transition(op, COMPLETED):
+        return False
+    completed(op, exc)
+    return True
+
+
 def _state_of(op: DelayedOperation[Any]) -> int:
     """``op``'s state word, for the public members that read it (see "state" above)."""
     try:
         return op._state
     except AttributeError:
-        raise _uninitialised(op) from None
-
-
-def _uninitialised(op: DelayedOperation[Any]) -> TypeError:
-    """What using an operation whose ``__init__`` skipped ``DelayedOperation.__init__`` raises."""
-    name = type(op).__name__
-    return TypeError(
-        f"{name} is not initialised: {name}.__init__ must call super().__init__(timeout)"
-    )
-
-
-def _never_handed_over(op: DelayedOperation[Any]) -> RuntimeError:
-    """What awaiting a pending operation that no purgatory holds raises."""
-    return RuntimeError(
-        f"{op!r} was never handed to a purgatory, so nothing would ever complete or expire "
-        "it and awaiting it would wait for ever: hand it over first "
-        "(purgatory.try_complete_else_watch(op, keys) or purgatory.watch_and_wait(op, keys)), "
-        "or complete or cancel it"
-    )
-
-
-def _fresh(cls: type[DelayedOperation[Any]], timeout: float) -> DelayedOperation[Any]:
-    """A fresh ``cls`` operation for :meth:`DelayedOperation.__reduce_ex__`, before its state."""
-    if not (isinstance(cls, type) and issubclass(cls, DelayedOperation)):
-        raise TypeError(f"not a DelayedOperation class: {cls!r}")
-    op = cls.__new__(cls)
-    DelayedOperation.__init__(op, timeout)
-    return op
+        raise uninitialised(op) from None
 
 
 def _is_abstract(cls: type, name: str) -> bool:
@@ -499,20 +595,5 @@ def _is_abstract(cls: type, name: str) -> bool:
 
 #: The library's own classes of an operation: their slots are not the subclass's state.
 _LIBRARY_BASES: frozenset[type] = frozenset(DelayedOperation.__mro__)
-#: What restored state may never set: the attributes the library's classes keep (compiled
-#: classes list theirs in ``__mypyc_attrs__`` rather than in ``__slots__``), and every
-#: name their namespaces define (an instance attribute ``_fire`` or ``force_complete``
-#: would shadow the method the timer and the purgatory call; ``__class__`` would swap
-#: the class). Not the two public class settings: the library reads them off the class.
-_LIBRARY_ATTRIBUTES: frozenset[str] = frozenset(
-    {
-        name
-        for klass in DelayedOperation.__mro__
-        for names in (
-            klass.__dict__.get("__mypyc_attrs__", klass.__dict__.get("__slots__", ())),
-            vars(klass),
-        )
-        for name in ((names,) if isinstance(names, str) else names)
-    }
-    | {"__dict__", "__weakref__"}
-) - {"op_type", "offload_callbacks", "untrack_while_pending"}
+#: What restored state may never set (see _copying.library_attributes).
+_LIBRARY_ATTRIBUTES: frozenset[str] = library_attributes(DelayedOperation)

@@ -1,63 +1,71 @@
-"""The owner of an operation: the interface an operation calls once it has won a transition.
+"""The owner of an operation: what an operation reads and calls on the one holding it.
 
 Two owners implement it, as peers: a purgatory's :class:`~._lifecycle.Lifecycle`,
 and the detached owner (:mod:`._detached`) of every operation no purgatory holds.
-What both do the same way lives here: the callbacks that follow a completion,
-inline or in a task, and the settlement that ends every operation's life.
+The operation does the aftermath of its own transitions (:mod:`._operation`: out of
+the timer, its watch entries retired, counted, callbacks, settlement); the owner
+gives it what that needs: its timer and watch store (None when detached), the
+thread its loop runs on, the counters, and the few things only an owner can do
+(hand a completion over to the loop thread, run callbacks in a task, record a
+settlement, log a failed callback).
 
 :class:`Owner` is a plain base class, not a ``typing.Protocol``: in the compiled
-build it is a native class, so an operation's calls through ``op._owner`` stay
-direct vtable calls (a call through a protocol goes through Python attribute
-lookup there).
+build it is a native class, so an operation's reads of ``op._owner.timer`` and its
+calls through ``op._owner`` stay native attribute reads and vtable calls (through a
+protocol they go through Python attribute lookup there).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
-
-from . import _gc
-from ._errors import FATAL
-from ._states import EXPIRED, FAILED, SETTLED
-from ._waiters import not_a_result, release_waiters
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import anyio
 
     from ._operation import DelayedOperation
+    from ._timer import Timer
+    from ._watches import WatchStore
 
-__all__ = ["Owner"]
+__all__ = ["Aftermath", "Owner"]
 
-# Statics in the compiled build (see _gc), so each is one C call; None in the pure build.
-_track: Final = _gc.track
+#: The aftermath of a transition that :meth:`Owner.hand_over` runs on the loop thread.
+Aftermath = Callable[["DelayedOperation[Any]", "BaseException | None"], None]
 
 
 class Owner:
-    """What an operation calls on its owner, and nothing else of it.
-
-    :meth:`completed` (satisfied, expired or shut down), :meth:`cancelled`,
-    :meth:`callback_failed` and :meth:`check_can_complete`; the callback tasks
-    (see ``_shell.run_callbacks``) call :meth:`settle`, :meth:`callback_raised`,
-    :meth:`callback_failed` and :meth:`limiter`.
-    """
+    """What an operation reads and calls on its owner, and nothing else of it."""
 
     def __init__(self, name: str, *, detached: bool, observed: bool, offload: bool) -> None:
         self.name = name
-        #: Whether this owner holds the operations no purgatory holds (see _detached).
+        #: Whether this owner holds the operations no purgatory holds (see _detached):
+        #: no timer, no watch store, no loop; the aftermath runs where it is won.
         self.detached = detached
-        # Whether a settlement is recorded anywhere (an event sink, the debug log).
-        self._observed = observed
-        # Whether every callback runs in a worker thread, whatever its class says.
-        self._offload = offload
+        #: Whether a settlement is recorded anywhere (an event sink, the debug log).
+        self.observed = observed
+        #: Whether every callback runs in a worker thread, whatever its class says.
+        self.offload = offload
+        #: The timer and the watch store holding its pending operations (None: detached).
+        self.timer: Timer | None = None
+        self.store: WatchStore | None = None
+        #: The thread its loop runs on (-1: none yet, or detached).
+        self.thread_id = -1
+        #: How its operations left pending (counted by the operations' aftermath).
+        self.n_completed = 0
+        self.n_expired = 0
+        self.n_cancelled = 0
+        self.n_shutdown = 0
+        self.n_errors = 0
 
-    # -- what each owner does its own way ------------------------------------------------------
+    def claim_thread(self) -> bool:
+        """Whether the calling thread, not the one last seen, now runs the owner's loop
+        (then it becomes the loop thread)."""
+        return False
 
-    def completed(self, op: DelayedOperation[Any], failure: BaseException | None) -> None:
-        """``op`` won *completed* (satisfied, expired or shut down), or ``try_complete``
-        raised ``failure``: everything that follows, up to its settlement."""
-        raise NotImplementedError
-
-    def cancelled(self, op: DelayedOperation[Any]) -> None:
-        """``op`` won *cancelled*: no callback runs, awaiters get CancelledError."""
+    def hand_over(
+        self, aftermath: Aftermath, op: DelayedOperation[Any], failure: BaseException | None
+    ) -> None:
+        """Run ``aftermath(op, failure)`` on the loop thread, from another thread."""
         raise NotImplementedError
 
     def callback_failed(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
@@ -71,62 +79,9 @@ class Owner:
         """The limiter of offloaded callbacks (None: anyio's default one)."""
         return None
 
-    def _spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
+    def spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
         """Run ``op``'s callbacks in a task on the loop (they settle it when done)."""
         raise NotImplementedError
 
-    def _observe(self, op: DelayedOperation[Any]) -> None:
-        """Record the settlement of ``op`` (called only when ``_observed``)."""
-
-    # -- what both do the same way -------------------------------------------------------------
-
-    def run_callbacks(self, op: DelayedOperation[Any], failure: BaseException | None) -> None:
-        """After a completion's bookkeeping: ``on_complete`` (then ``on_expiration``
-        if it expired) inline, or in a task, then settle; at once with ``failure``."""
-        if failure is not None:
-            self.settle(op, failure, True)
-            return
-        cls = type(op)
-        expired = op._state & EXPIRED
-        inline = cls._inline_expire if expired else cls._inline_complete
-        if inline and not self._offload:
-            stage = "on_complete"
-            try:
-                result = op.on_complete()
-                if expired:
-                    stage = "on_expiration"
-                    op.on_expiration()
-            except BaseException as exc:
-                self.callback_raised(op, exc, stage)
-            else:
-                self.settle(op, result, False)
-            return
-        self._spawn(op, cls.offload_callbacks or self._offload)
-
-    def callback_raised(self, op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
-        """A callback of ``op`` raised ``exc`` at ``stage``: log and count it, settle ``op``
-        with it, and raise it again if it must stop the program (KeyboardInterrupt,
-        SystemExit)."""
-        self.callback_failed(op, exc, stage)
-        self.settle(op, exc, True)
-        if isinstance(exc, FATAL):
-            raise exc
-
-    def settle(self, op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
-        """Record the outcome, release awaiters, emit the event (once per operation)."""
-        if _track is not None:
-            # Every settlement ends here: the operation (untracked while pending, see
-            # Lifecycle.watch) and its dict are the collector's again.
-            _track(op)
-        if failed:  # a branch the state bits needed anyway: success costs nothing more
-            if isinstance(outcome, StopIteration):
-                outcome = not_a_result(outcome)
-            op._outcome = outcome
-            op._state |= SETTLED | FAILED
-        else:
-            op._outcome = outcome
-            op._state |= SETTLED
-        if op._waiter is not None:
-            release_waiters(op)
-        if self._observed:
-            self._observe(op)
+    def observe(self, op: DelayedOperation[Any]) -> None:
+        """Record the settlement of ``op`` (called only when ``observed``)."""

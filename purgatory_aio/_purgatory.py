@@ -217,7 +217,7 @@ class Purgatory:
 
         While something is watched under ``key`` the highest value given is kept
         (:meth:`key_value`), for the operations' ``try_complete`` to read."""
-        return self._life.advance(key, check_finite(value, "value"))
+        return self._store.advance(key, check_finite(value, "value"), self._life)
 
     def check_and_complete(self, key: Hashable) -> int:
         """Try to complete the operations watched under ``key``; return how many did.
@@ -225,7 +225,7 @@ class Purgatory:
         For the loop thread (re-entrant calls from callbacks are fine); from other
         threads use :meth:`check_and_complete_threadsafe`.
         """
-        return self._life.check(key)
+        return self._store.check(key, self._life)
 
     def check_and_complete_threadsafe(self, key: Hashable) -> concurrent.futures.Future[int]:
         """:meth:`check_and_complete` from any thread; the future gets the count."""

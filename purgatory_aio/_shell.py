@@ -215,6 +215,9 @@ async def callbacks_finished(orchestra: Shutdown) -> bool:
 
 async def run_callbacks(life: Owner, op: DelayedOperation[Any], offload: bool) -> None:
     """A callback task: ``on_complete`` (then ``on_expiration`` if expired), then settle."""
+    # Imported here: _operation imports this module (a callback task is never a hot path).
+    from ._operation import callback_raised, settle
+
     cls = type(op)
     stage = "on_complete"
     try:
@@ -227,14 +230,14 @@ async def run_callbacks(life: Owner, op: DelayedOperation[Any], offload: bool) -
         if task is not None and task.cancelling():
             # This task was cancelled (loop teardown): settle so that no awaiter hangs,
             # then let the cancellation proceed.
-            life.settle(op, exc, True)
+            settle(op, exc, True)
             raise
         life.callback_failed(op, exc, stage)  # the callback itself raised it
-        life.settle(op, exc, True)
+        settle(op, exc, True)
     except BaseException as exc:
-        life.callback_raised(op, exc, stage)
+        callback_raised(op, exc, stage)
     else:
-        life.settle(op, result, False)
+        settle(op, result, False)
 
 
 async def _call(life: Owner, fn: Callable[[], Any], is_async: bool, offload: bool) -> Any:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 from . import _build
-
-if TYPE_CHECKING:
-    from ._operation import DelayedOperation
 
 COMPLETED: Final = 1  # won the transition to completed; on_complete runs (or ran)
 EXPIRED: Final = 2  # ... because the deadline passed (or shutdown expired it)
@@ -23,6 +20,15 @@ FAILED: Final = 16  # the outcome is an exception
 SHUTDOWN: Final = 32  # completed by Purgatory.shutdown
 ENDED: Final = 5  # COMPLETED | CANCELLED, as a literal so compiled code inlines it
 assert ENDED == COMPLETED | CANCELLED
+
+# Where the watch store (_watches) holds an operation: the values of its ``_store``. Here
+# rather than in _watches so that the operation, which the store calls, needs nothing of
+# the store's module (literals, so that compiled code inlines them).
+NOT_WATCHED: Final = 0
+IN_WATCH_LISTS: Final = 1
+IN_THRESHOLD_INDEX: Final = 2
+IN_WALK: Final = 3  # taken out of its index by advance_key, held by that walk
+TAKEN: Final = 4  # taken from a walk by cancel_for_key, or dropped by it: its entry is gone
 
 
 def describe(state: int) -> str:
@@ -77,26 +83,3 @@ _TRANSITION: Final = threading.Lock()
 # looks __enter__ and __exit__ up on every call (measured: 0.6k instructions per op).
 acquire: Final = _TRANSITION.acquire
 release: Final = _TRANSITION.release
-
-
-# The locked regions below read and write two native attributes of an operation and
-# cannot raise, so they need no try/finally: in the compiled build that would save and
-# restore the exception state on every call (measured: 0.5k instructions a region).
-
-
-def transition(op: DelayedOperation[Any], bits: int) -> bool:
-    """Set ``bits`` if ``op`` is still pending; True for the one caller that did."""
-    if LOCKED:
-        # Read once before the lock: an ended operation needs none, and an unset state
-        # word (a subclass that skipped DelayedOperation.__init__) raises here, never
-        # inside the locked region, which must not raise.
-        if op._state & ENDED:
-            return False
-        acquire()
-    state = op._state
-    won = not state & ENDED
-    if won:
-        op._state = state | bits
-    if LOCKED:
-        release()
-    return won

@@ -28,7 +28,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, final
 
 from . import _shell
-from ._bucket import NOT_QUEUED, Bucket
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
 from ._entry import TimerEntry, TimerHandle
 from ._errors import FATAL, not_copyable
@@ -41,7 +40,7 @@ from ._validation import (
     check_positive_seconds,
     check_seconds,
 )
-from ._wheels import CASCADE_CHUNK, MAX_TICKS, Wheels, by_deadline
+from ._wheels import CASCADE_CHUNK, MAX_TICKS, NOT_QUEUED, Wheels, by_deadline
 
 __all__ = ["CASCADE_CHUNK", "MAX_TICKS", "Timer", "TimerEntry", "TimerHandle"]
 
@@ -270,28 +269,7 @@ class Timer(Wheels):
     def __repr__(self) -> str:
         return f"<Timer tick={self._tick} pending={self._count} levels={len(self._levels)}>"
 
-    # -- the entry API: the package's way in (a purgatory's admission and withdrawal) ------
-    # Public within the package, named so: TimerHandle and the purgatory's lifecycle call
-    # these and no other method of the timer's internals.
-
-    def add_entry(self, entry: TimerEntry, deadline: float) -> None:
-        """Place ``entry`` due at ``deadline``; the caller has validated it and checked
-        that it runs on this timer's loop (or on a loop, for the first add ever)."""
-        if not self._count:
-            self._leave_idle()
-        self._count += 1
-        entry._deadline = deadline
-        self._place(entry, self._level0.current)
-
-    def remove_entry(self, entry: TimerEntry) -> None:
-        """Take a pending entry out of its bucket (the caller checked ``_bucket``)."""
-        bucket: Bucket = entry._bucket  # type: ignore[assignment]
-        bucket.remove(entry)
-        self._count -= 1
-        # An emptied bucket stays queued: at worst the reaper wakes for it once and
-        # finds nothing. Only when nothing at all is pending is the wake-up withdrawn.
-        if not self._count and not self._reaping:
-            self._disarm()
+    # -- the entry API (add_entry and remove_entry are Wheels', beside the buckets) -----------
 
     def pending_entries(self) -> list[TimerEntry]:
         """Every pending entry, left in place (in no particular order)."""

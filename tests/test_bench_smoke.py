@@ -317,14 +317,15 @@ def test_calls_traces_one_admission_and_one_completion_on_the_pure_build() -> No
     )
     lines = {line.split()[1]: line.split() for line in out.splitlines() if line[:2] == "> "}
     assert set(lines) == {"admission", "completion"}
-    # The hot path's shape, held: a completion by check_and_complete in at most 13
-    # calls (17 before the lifecycle took the walk and the whole aftermath of a
-    # completion into one method; 12 then, 13 since the settlement both owners share
-    # moved to the Owner base class), an admission in at most 12 (14 before).
-    for leg, most in (("admission", 12), ("completion", 13)):
+    # The hot path's shape, held to the goals: a completion by check_and_complete in at
+    # most 12 calls in at most 4 of the library's files (purgatory, watch store,
+    # operation, wheels; it was 17 in 6, then 13 in 7), an admission in at most 8 (14,
+    # then 12).
+    for leg, most, files in (("admission", 8, 5), ("completion", 12, 4)):
         calls = int(lines[leg][2])
         assert lines[leg][3:5] == ["calls", "in"]
         assert calls <= most, f"{leg}: {calls} calls (at most {most})"
+        assert int(lines[leg][5]) <= files, f"{leg}: {lines[leg][5]} files (at most {files})"
 
 
 def test_calls_refuses_the_compiled_build(

@@ -10,6 +10,7 @@ after the first transition changes its outcome.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from support import AsyncOperation, MockOperation
 
 from purgatory_aio import Purgatory, Timer
 from purgatory_aio._lifecycle import Lifecycle
+from purgatory_aio._operation import completed
 from purgatory_aio._owner import Owner
 from purgatory_aio._watches import WatchStore
 from purgatory_aio.testing import ManualClock
@@ -62,6 +64,7 @@ def test_the_detached_owner_is_a_peer_of_the_lifecycle_and_holds_no_timer() -> N
     assert not isinstance(owner, Lifecycle)
     assert issubclass(Lifecycle, Owner)
     assert not any(isinstance(value, Timer | WatchStore) for value in _held(owner))
+    assert owner.timer is None and owner.store is None
     assert not hasattr(owner, "_timer") and not hasattr(owner, "_store")
 
 
@@ -69,8 +72,8 @@ def test_the_base_owner_implements_nothing_an_owner_must_decide() -> None:
     op = MockOperation(10)
     bare = Owner("bare", detached=False, observed=False, offload=False)
     for call in (
-        lambda: bare.completed(op, None),
-        lambda: bare.cancelled(op),
+        lambda: bare.hand_over(completed, op, None),
+        lambda: bare.spawn(op, False),
         lambda: bare.callback_failed(op, ValueError("x"), "on_complete"),
     ):
         with pytest.raises(NotImplementedError):
@@ -95,6 +98,22 @@ def test_a_detached_async_operation_is_refused_off_a_loop_and_left_pending() -> 
     assert not op.done() and op.completions == 0
     assert op.cancel()
     assert op.done() and op.cancelled and not op.cancel() and op.completions == 0
+
+
+def test_an_ended_detached_operation_needing_a_loop_refuses_a_completion_with_false() -> None:
+    # force_complete on a detached operation that has ended already is a lost race, not a
+    # mistake: it returns False, even for an async (or offloaded) class, with no loop
+    # running on the calling thread, and changes nothing.
+    class Offloaded(MockOperation):
+        offload_callbacks = True
+
+    for cls in (AsyncOperation, Offloaded):
+        op = cls(10)
+        assert op.cancel()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a thread with no loop
+            assert pool.submit(op.force_complete).result(timeout=10) is False, cls
+        assert op.force_complete() is False, cls  # and this thread, with no loop either
+        assert op.cancelled and op.done() and op.completions == 0 and not op.cancel()
 
 
 async def test_a_detached_async_operation_settles_once_in_its_task() -> None:

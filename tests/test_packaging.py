@@ -140,7 +140,7 @@ def test_each_module_has_one_import_name() -> None:
 
 
 def test_a_listed_module_that_does_not_exist_fails_the_build(tmp_path: Path) -> None:
-    (tmp_path / "_bucket.py").write_text("")
+    (tmp_path / "_wheels.py").write_text("")
     with pytest.raises(hatch_build.BuildError, match="lists modules that do not exist"):
         hatch_build.build(tmp_path / "out", source=tmp_path)
     assert not (tmp_path / "out").exists()
@@ -209,7 +209,7 @@ def test_a_failing_mypyc_falls_back_to_pure_in_auto_and_fails_compiled(tmp_path:
         source / "purgatory_aio",
         ignore=shutil.ignore_patterns("__pycache__", "*.so"),
     )
-    wheel = source / "purgatory_aio" / "_wheel.py"
+    wheel = source / "purgatory_aio" / "_wheels.py"
     wheel.write_text(wheel.read_text() + "\n\nBROKEN: int = 'not an int'\n")
 
     auto = _pip_wheel(source, "auto", tmp_path / "auto")
@@ -249,7 +249,7 @@ def test_a_coroutine_in_a_compiled_module_fails_the_build(tmp_path: Path) -> Non
     shutil.copytree(
         CHECKOUT / "purgatory_aio", package, ignore=shutil.ignore_patterns("__pycache__", "*.so")
     )
-    bucket = package / "_bucket.py"
+    bucket = package / "_wheels.py"
     bucket.write_text(bucket.read_text() + "\n\nasync def later() -> None:\n    pass\n")
     with pytest.raises(hatch_build.BuildError, match="later is a coroutine function"):
         hatch_build.collect_docs(tmp_path)

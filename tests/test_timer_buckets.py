@@ -3,14 +3,15 @@ an entry, firing one twice, or keeping one alive through its neighbours."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from purgatory_aio import Timer
-from purgatory_aio._bucket import CARRY_LEVEL, Bucket
 from purgatory_aio._timer import CASCADE_CHUNK, TimerEntry, TimerHandle
+from purgatory_aio._wheels import CARRY_LEVEL, Bucket
 from purgatory_aio.testing import ManualClock
 
 
@@ -34,7 +35,14 @@ def unlinked(entry: TimerEntry) -> bool:
     )
 )
 def test_a_bucket_behaves_as_an_ordered_list(steps: list[tuple[str, int]]) -> None:
-    bucket = Bucket(0)
+    # Entries are linked by the timer's add_entry alone (at one deadline: one bucket),
+    # and unlinked by the bucket's remove and take.
+    asyncio.run(_bucket_steps(steps))
+
+
+async def _bucket_steps(steps: list[tuple[str, int]]) -> None:
+    timer = Timer(clock=ManualClock())
+    bucket: Bucket | None = None
     model: list[Entry] = []
     gone: list[TimerEntry] = []
     made = 0
@@ -42,8 +50,12 @@ def test_a_bucket_behaves_as_an_ordered_list(steps: list[tuple[str, int]]) -> No
         if action == "append":
             made += 1
             entry = Entry(made)
-            bucket.append(entry)
+            timer.add_entry(entry, 5.0)
+            assert bucket is None or entry._bucket is bucket
+            bucket = entry._bucket
             model.append(entry)
+        elif bucket is None:
+            continue
         elif action == "remove" and model:
             entry = model.pop(n % len(model))
             bucket.remove(entry)
@@ -62,6 +74,7 @@ def test_a_bucket_behaves_as_an_ordered_list(steps: list[tuple[str, int]]) -> No
         assert (bucket.head, bucket.tail) == ((model[0], model[-1]) if model else (None, None))
         assert all(entry._bucket is bucket for entry in model)
         assert all(unlinked(entry) for entry in gone)
+    timer.close()
 
 
 async def test_a_carried_cascade_survives_cancels_and_reschedules() -> None:
