@@ -9,7 +9,7 @@ that answers them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 
@@ -74,10 +74,7 @@ class SentinelSide:
 
         client = aioredis.Redis(host="127.0.0.1", port=self.topology.master().port)
         try:
-            values: list[Any] = []
-            for start in range(0, len(keys), 1000):
-                values += await client.mget(list(keys[start : start + 1000]))
-            return values
+            return await _in_chunks(client.mget, keys)
         finally:
             await client.aclose()
 
@@ -119,9 +116,16 @@ class ClusterSide:
         port = self.topology.answering()[0].port
         client = RedisCluster(host="127.0.0.1", port=port)
         try:
-            values: list[Any] = []
-            for start in range(0, len(keys), 1000):
-                values += await client.mget_nonatomic(list(keys[start : start + 1000]))
-            return values
+            return await _in_chunks(client.mget_nonatomic, keys)
         finally:
             await client.aclose()
+
+
+async def _in_chunks(
+    read: Callable[[list[str]], Awaitable[list[Any]]], keys: Sequence[str]
+) -> list[Any]:
+    """``read`` of every key, a thousand at a time."""
+    values: list[Any] = []
+    for start in range(0, len(keys), 1000):
+        values += await read(list(keys[start : start + 1000]))
+    return values
