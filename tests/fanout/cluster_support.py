@@ -249,7 +249,8 @@ class Cluster:
         return True
 
     def wait_promoted(self, old: RedisServer, key: str) -> RedisServer:
-        """The node that serves ``key`` once ``old`` (killed) no longer does."""
+        """The node that serves ``key`` once ``old`` (killed or frozen) no longer does, once
+        every slot is served again."""
         deadline = time.monotonic() + SETTLE
         while time.monotonic() < deadline:
             try:
@@ -257,6 +258,7 @@ class Cluster:
             except RuntimeError:
                 new = old
             if new is not old:
+                self.wait_serving()
                 return new
             time.sleep(0.05)
         raise RuntimeError("no replica was promoted")

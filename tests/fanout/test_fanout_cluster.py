@@ -220,8 +220,10 @@ async def test_live_resharding_takes_the_ask_and_moved_paths_and_loses_nothing(
         assert [await stored(cluster, name, key) for key in keys] == [3.0] * len(keys)
         assert a.stats().completed == len(keys) + 2 and a.num_delayed == 0
         assert fa.stats().failovers == 0  # the subscription has no slot: it never moved
-    said = [e["error"] for e in warnings_logged.entries if e["event"] == "fanout_engine_down"]
-    assert sum("the cluster is changing" in line for line in said) >= 2, said
+    said = " ".join(
+        e["error"] for e in warnings_logged.entries if e["event"] == "fanout_engine_down"
+    )
+    assert "the cluster is changing: ASK" in said and "the cluster is changing: MOVED" in said
 
 
 # -- frozen nodes ---------------------------------------------------------------------------------
@@ -242,8 +244,12 @@ async def keys_of(
     raise AssertionError("no such keys")
 
 
-@pytest.mark.xfail(strict=True, reason="the subscription stays on a frozen node until it thaws")
-async def test_a_frozen_subscription_node_is_left_and_events_flow_again(cluster: Cluster) -> None:
+async def test_a_frozen_subscription_node_is_left_and_events_flow_again(
+    cluster: Cluster, warnings_logged: structlog.testing.LogCapture
+) -> None:
+    """The subscription's node frozen: unanswered probes move the subscription within
+    about ``connect_timeout`` (one second here), and the re-read catches up; the frozen
+    master's own keys follow once its replica is promoted."""
     name = fresh()
     victim = (await asyncio.to_thread(cluster.masters))[0]
     elsewhere = await keys_of(cluster, name, victim, 5, own=False)
@@ -270,9 +276,13 @@ async def test_a_frozen_subscription_node_is_left_and_events_flow_again(cluster:
             assert fa.stats().failovers == 1 and a.num_delayed == 0
         finally:
             await asyncio.to_thread(cluster.thaw, victim)
+    unanswered = [
+        e for e in warnings_logged.entries if e["event"] == "fanout_subscription_unanswered"
+    ]
+    # Logged by each member subscribed there (``b`` may be too), and only about that node.
+    assert {e["node"] for e in unanswered} == {f"127.0.0.1:{victim.port}"}
 
 
-@pytest.mark.xfail(reason="a frozen master stalls every batch until the slots are read again")
 async def test_a_frozen_master_mid_storm_keeps_every_replica_confirmed_advance(
     cluster: Cluster,
 ) -> None:
