@@ -119,15 +119,17 @@ class Cluster:
 
     # -- moving a slot ----------------------------------------------------------------------
 
+    def owner(self, slot: int) -> RedisServer:
+        """The master that serves ``slot`` now, as the masters themselves say."""
+        for node in self.masters():
+            if self._owner(node, slot) == node.port:
+                return node
+        raise RuntimeError(f"no master serves slot {slot}")
+
     def begin_move(self, slot: int, target: RedisServer) -> RedisServer:
         """Mark ``slot`` migrating from its master to ``target`` (importing there) and move
         its keys: from here on its master answers ASK for them. Returns the source."""
-        source = next(
-            node
-            for node in self.masters()
-            for start, end, master, *_ in command(node.port, "CLUSTER", "SLOTS")
-            if start <= slot <= end and int(master[1]) == node.port
-        )
+        source = self.owner(slot)
         assert source is not target, "the slot is already on the target"
         command(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", _node_id(source))
         command(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", _node_id(target))

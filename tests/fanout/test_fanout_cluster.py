@@ -226,6 +226,31 @@ async def test_live_resharding_takes_the_ask_and_moved_paths_and_loses_nothing(
     assert "the cluster is changing: ASK" in said and "the cluster is changing: MOVED" in said
 
 
+async def test_slots_moved_back_and_forth_mid_storm_keep_every_confirmed_advance(
+    cluster: Cluster,
+) -> None:
+    keys = [f"m{i}" for i in range(20)]
+    rounds = 100  # long enough to run through every move
+    async with members(cluster, min_replicas=1, replica_timeout=1.0) as (a, fa, fb, name):
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, rounds, 60)) for key in keys]
+        await until(lambda: a.num_delayed == len(keys))
+        slots = sorted(
+            {await asyncio.to_thread(cluster.slot_of, f"{name}:value:{k}") for k in keys}
+        )
+        masters = await asyncio.to_thread(cluster.masters)
+        storm = Storm(fb, keys, rounds)
+        await until(lambda: len(storm.confirmed) >= len(keys) // 3)
+        failures = fb.stats().publish_failures
+        for _ in range(2):  # eight slots of storm keys to another master, and on again
+            for slot in slots[:8]:
+                owner = await asyncio.to_thread(cluster.owner, slot)
+                target = next(master for master in masters if master is not owner)
+                await asyncio.to_thread(cluster.move, slot, target)
+        await storm.check(lambda key: stored(cluster, name, key), waits, a)
+        assert fb.stats().publish_failures > failures  # some batches met the moves
+        assert fa.stats().failovers == 0
+
+
 # -- frozen nodes ---------------------------------------------------------------------------------
 
 
