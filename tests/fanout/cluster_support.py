@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 from fanout_support import RedisServer, free_port
+from redis.crc import key_slot
 
 NODE_TIMEOUT_MS = 1000
 #: The longest the cluster may take to settle (its creation, a failover, a rejoin).
@@ -57,18 +58,33 @@ class Cluster:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in ordered[:3])
 
     def start(self) -> None:
-        for node in self.nodes:
-            node.start()
         cli = shutil.which("redis-cli")
         assert cli is not None, "redis-cli is missing (Debian's redis-tools)"
-        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=60,
-        )
+        for attempt in range(3):
+            for node in self.nodes:
+                node.start()
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            created = subprocess.run(
+                [
+                    cli,
+                    "--cluster",
+                    "create",
+                    *addresses,
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                timeout=60,
+            )
+            if created.returncode == 0:
+                break
+            # Free ports are picked one at a time: two nodes may have drawn the same one.
+            self.stop()
+            if attempt == 2:
+                said = (created.stdout + created.stderr).decode(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-cli --cluster create failed: {said}")
+            self.nodes = [RedisServer(args=_node_options()) for _ in range(6)]
         self.wait_healthy()
 
     def master_of(self, key: str) -> RedisServer:
@@ -199,6 +215,9 @@ class Cluster:
                 role = command(node.port, "ROLE")
                 if role[0] == b"slave" and role[3] != b"connected":
                     return False
+                # and acknowledging its writes (a rejoined one may still be loading).
+                if role[0] == b"master" and not _acknowledged(node):
+                    return False
             return True
         except _ERRORS:
             return False
@@ -270,6 +289,25 @@ class Cluster:
             self.thaw(node)
         for node in self.nodes:
             node.__exit__()
+
+
+def _acknowledged(master: RedisServer) -> bool:
+    """A write to ``master`` (a key in its first range of slots) is acknowledged by its
+    replica."""
+    start, end = next(
+        (int(first), int(last))
+        for first, last, owner, *_ in command(master.port, "CLUSTER", "SLOTS")
+        if int(owner[1]) == master.port
+    )
+    tag = next(tag for tag in range(1_000_000) if start <= key_slot(f"{{s{tag}}}".encode()) <= end)
+    client = redis.Redis(host="127.0.0.1", port=master.port, socket_timeout=2)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.set(f"{{s{tag}}}:settled", 1, ex=60)
+        pipe.execute_command("WAIT", 1, 1000)
+        return bool(pipe.execute()[-1] >= 1)
+    finally:
+        client.close()
 
 
 def _node_id(node: RedisServer) -> str:
