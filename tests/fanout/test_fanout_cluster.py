@@ -380,7 +380,8 @@ async def test_a_slot_range_with_no_node_left_is_unavailable_not_a_hang(cluster:
         await until(lambda: a.num_delayed == 2 and fa.stats().reads_pending == 0)
         replica.kill()
         victim.kill()
-        # Its slots have no node: the whole cluster is down (full coverage), and says so.
+        # Its slots have no node: the whole cluster is down (full coverage) and every
+        # confirmation fails, on that range first, then on another master's.
         for key in (doomed, alive):
             with pytest.raises(FanoutUnavailable) as caught:
                 await fb.advance_confirmed(key, 2, timeout=3)
