@@ -49,7 +49,12 @@ events per second per process (N operations parked on N keys, spread over every 
 completed by N advances from another member), and the p50 of one confirmed advance; and
 what the classic pub/sub the fan-out uses costs per message received against sharded pub/sub
 (N messages published to another master than the subscriber's node and relayed by the
-cluster bus, against ``SPUBLISH`` to the shard owner the subscriber is on).
+cluster bus, against ``SPUBLISH`` to the shard owner the subscriber is on). With
+``--failovers N`` (default 20) the Cluster gets the failover figures Sentinel gets (see
+:mod:`bench._redis_failover`): the time from the death of the master that serves the key
+and holds the waiting member's subscription to the first event delivered again, the
+confirmed acks lost when a master (that of a third of the keys) is killed, and the cost of
+``min_replicas=1`` per confirmed advance.
 
 With PostgreSQL, ``--failovers N`` (default 20) adds a primary with a streaming
 standby and measures what a primary's death costs (see :mod:`bench._pg_failover`).
@@ -97,6 +102,7 @@ from ._common import (
     resolve_loops,
     run_on,
 )
+from ._redis_failover import ClusterSide, SentinelSide, Side
 
 # Stored values outlive a run: every run uses keys of its own, or its advances would be
 # replays the store absorbs (by design) and nothing would be published.
@@ -532,27 +538,31 @@ ENGINES: dict[str, Engine] = {
 # -- Redis behind Sentinel -------------------------------------------------------------------------
 
 
-def _sentinel_member(topology: Any, purgatory: Purgatory, prefix: str, **options: Any) -> Fanout:
-    return RedisFanout(topology.url, purgatory, prefix=prefix, connect_timeout=1.0, **options)
+def _member(
+    side: Side, purgatory: Purgatory, prefix: str, first: Any = None, **options: Any
+) -> Fanout:
+    url = side.url(first)
+    return RedisFanout(url, purgatory, prefix=prefix, connect_timeout=1.0, **options)
 
 
-async def _failover_recovery(topology: Any, failovers: int) -> list[float]:
-    """Seconds from the master's death to the first event delivered again, per failover."""
+async def _failover_recovery(side: Side, failovers: int) -> list[float]:
+    """Seconds from the death of the master that serves the key and holds the waiting
+    member's subscription to the first event delivered again, per failover."""
     prefix = f"fo{RUN}"
-    a, b = Purgatory("bench-a"), Purgatory("bench-b")
     times = []
-    async with (
-        a,
-        b,
-        _sentinel_member(topology, a, prefix) as fa,
-        _sentinel_member(topology, b, prefix, subscribe=False) as fb,
-    ):
-        for i in range(failovers):
-            await asyncio.to_thread(topology.wait_healthy)
-            key = f"fo:{i}"
+    for i in range(failovers):
+        await asyncio.to_thread(side.wait_healthy)
+        key = f"fo:{i}"
+        old = await asyncio.to_thread(side.master, f"{prefix}:value:{key}")
+        a, b = Purgatory("bench-a"), Purgatory("bench-b")
+        async with (
+            a,
+            b,
+            _member(side, a, prefix, first=old) as fa,
+            _member(side, b, prefix, subscribe=False) as fb,
+        ):
             op = ValueReached(fa, key, 1, 120)
             await fa.watch_threshold(a, op, key, 1)
-            old = await asyncio.to_thread(topology.master)
             killed = time.perf_counter()
             old.kill()
             fb.advance(key, 1)  # queued, sent again until a master takes it
@@ -561,37 +571,35 @@ async def _failover_recovery(topology: Any, failovers: int) -> list[float]:
     return sorted(times)
 
 
-async def _acks_lost(topology: Any, acks: int, replicas: int, lagging: bool) -> dict[str, float]:
-    """Confirmed advances missing on the new master after the old one was killed: halfway,
-    or (``lagging``) with the replica frozen and its link cut from halfway and the master
-    killed at three quarters."""
+async def _acks_lost(side: Side, acks: int, replicas: int, lagging: bool) -> dict[str, float]:
+    """Confirmed advances missing after a master was killed: halfway, or (``lagging``) with
+    its replica frozen and its link cut from halfway and the master killed at three
+    quarters. On a Cluster the master is the one of the first key (a third of the keys)."""
     import redis.asyncio as aioredis
 
-    await asyncio.to_thread(topology.wait_healthy)
+    await asyncio.to_thread(side.wait_healthy)
     prefix = f"ack{RUN}r{replicas}{'lag' if lagging else ''}"
     b = Purgatory("bench-b")
     confirmed: list[str] = []
     refused = 0
     todo = iter(range(acks))
-    async with (
-        b,
-        _sentinel_member(topology, b, prefix, subscribe=False, min_replicas=replicas) as fb,
-    ):
-        old = await asyncio.to_thread(topology.master)
-        replica = await asyncio.to_thread(topology.replica)
+    first = f"{prefix}:value:k0"
+    async with b, _member(side, b, prefix, subscribe=False, min_replicas=replicas) as fb:
+        old = await asyncio.to_thread(side.master, first)
+        replica = await asyncio.to_thread(side.replica, old)
 
         async def worker() -> None:
             nonlocal refused
             for i in todo:
                 if lagging and i == acks // 2:
-                    topology.freeze(replica)
+                    side.freeze(replica)
                     admin = aioredis.Redis(host="127.0.0.1", port=old.port)
                     await admin.client_kill_filter(_type="replica")
                     await admin.aclose()
                 if i == (acks * 3 // 4 if lagging else acks // 2):
                     old.kill()
                     if lagging:
-                        topology.thaw(replica)
+                        side.thaw(replica)
                 try:
                     await fb.advance_confirmed(f"k{i}", 1, timeout=5)
                 except FanoutUnavailable:
@@ -600,15 +608,8 @@ async def _acks_lost(topology: Any, acks: int, replicas: int, lagging: bool) -> 
                     confirmed.append(f"k{i}")
 
         await asyncio.gather(*(worker() for _ in range(64)))
-    new = await asyncio.to_thread(topology.wait_new_master, old)
-    client = aioredis.Redis(host="127.0.0.1", port=new.port)
-    try:
-        held = []
-        for start in range(0, len(confirmed), 1000):
-            chunk = confirmed[start : start + 1000]
-            held += await client.mget([f"{prefix}:value:{key}" for key in chunk])
-    finally:
-        await client.aclose()
+    await asyncio.to_thread(side.new_master, old, first)
+    held = await side.held([f"{prefix}:value:{key}" for key in confirmed])
     lost = sum(1 for value in held if value is None)
     return {
         "confirmed": len(confirmed),
@@ -628,15 +629,15 @@ async def _confirm_times(fanout: Fanout, samples: int) -> list[float]:
     return sorted(times)
 
 
-async def _confirm_cost(topology: Any, samples: int) -> dict[str, float]:
+async def _confirm_cost(side: Side, samples: int) -> dict[str, float]:
     """µs per confirmed advance, one at a time, without and with one replica's WAIT."""
-    await asyncio.to_thread(topology.wait_healthy)
+    await asyncio.to_thread(side.wait_healthy)
     b = Purgatory("bench-b")
     costs: dict[str, float] = {}
     async with b:
         for replicas in (0, 1):
             options = {"subscribe": False, "min_replicas": replicas}
-            async with _sentinel_member(topology, b, f"cost{RUN}r{replicas}", **options) as fb:
+            async with _member(side, b, f"cost{RUN}r{replicas}", **options) as fb:
                 for i in range(50):  # warm-up: connections, script load
                     await fb.advance_confirmed(f"warm{i}", 1)
                 times = await _confirm_times(fb, samples)
@@ -645,14 +646,11 @@ async def _confirm_cost(topology: Any, samples: int) -> dict[str, float]:
     return costs
 
 
-async def _sentinel_section(
-    topology: Any, failovers: int, acks: int, samples: int
-) -> dict[str, Any]:
-    recovery = await _failover_recovery(topology, failovers)
+async def _failover_section(side: Side, failovers: int, acks: int, samples: int) -> dict[str, Any]:
+    """A replicated topology's failover figures: recovery, acks lost, the option's cost."""
+    recovery = await _failover_recovery(side, failovers)
     lost = {
-        f"{'lagging_' if lagging else ''}min_replicas_{n}": await _acks_lost(
-            topology, acks, n, lagging
-        )
+        f"{'lagging_' if lagging else ''}min_replicas_{n}": await _acks_lost(side, acks, n, lagging)
         for lagging in (False, True)
         for n in (0, 1)
     }
@@ -660,35 +658,35 @@ async def _sentinel_section(
         "failovers": len(recovery),
         "recovery_s": {"p50": quantile(recovery, 0.5), "p99": quantile(recovery, 0.99)},
         "acks_lost": lost,
-        "confirm_cost_us": await _confirm_cost(topology, samples),
+        "confirm_cost_us": await _confirm_cost(side, samples),
     }
 
 
-def _sentinel_rows(results: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+def _failover_rows(name: str, results: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     recovery, lost, cost = results["recovery_s"], results["acks_lost"], results["confirm_cost_us"]
     ratios = {
-        "sentinel_confirm_p50_min_replicas_1_vs_0": ratio(
+        f"{name}_confirm_p50_min_replicas_1_vs_0": ratio(
             cost["min_replicas_1_p50_us"], cost["min_replicas_0_p50_us"]
         )
     }
     headline = [
         (
-            f"sentinel master death to first event again p50/p99 s ({results['failovers']} kills)",
+            f"{name} master death to first event again p50/p99 s ({results['failovers']} kills)",
             f"{recovery['p50']:.2f}/{recovery['p99']:.2f}",
         ),
         *(
             (
-                f"sentinel confirmed acks lost per 10k under a kill{lag}, min_replicas 0 / 1",
+                f"{name} confirmed acks lost per 10k under a kill{lag}, min_replicas 0 / 1",
                 " / ".join(
                     f"{row['lost_per_10k']:.1f} ({row['lost']:.0f} of {row['confirmed']:.0f})"
-                    for name, row in lost.items()
-                    if name.startswith("lagging") == bool(lag)
+                    for key, row in lost.items()
+                    if key.startswith("lagging") == bool(lag)
                 ),
             )
             for lag in ("", ", replica lagging")
         ),
         (
-            "sentinel µs per confirmed advance p50, min_replicas 0 / 1",
+            f"{name} µs per confirmed advance p50, min_replicas 0 / 1",
             f"{cost['min_replicas_0_p50_us']:.0f} / {cost['min_replicas_1_p50_us']:.0f}",
         ),
     ]
@@ -867,6 +865,8 @@ def main(argv: list[str]) -> int:
         cluster = (
             servers.enter_context(_topology("cluster_support", "Cluster")) if args.cluster else None
         )
+        sentinel = None if topology is None else SentinelSide(topology)
+        cluster_side = None if cluster is None else ClusterSide(cluster)
         single = (
             urls["redis"]
             if "redis" in urls
@@ -899,12 +899,12 @@ def main(argv: list[str]) -> int:
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
             sections: list[Section] = []
-            if topology is not None:
+            if sentinel is not None:
                 sections.append(
                     (
                         "sentinel",
-                        lambda: _sentinel_section(topology, failovers, acks, samples),
-                        _sentinel_rows,
+                        lambda: _failover_section(sentinel, failovers, acks, samples),
+                        lambda results: _failover_rows("sentinel", results),
                     )
                 )
             if cluster is not None and single is not None:
@@ -915,6 +915,14 @@ def main(argv: list[str]) -> int:
                         _cluster_rows,
                     )
                 )
+                if cluster_side is not None and failovers > 0:
+                    sections.append(
+                        (
+                            "cluster_failover",
+                            lambda: _failover_section(cluster_side, failovers, acks, samples),
+                            lambda results: _failover_rows("cluster", results),
+                        )
+                    )
             if pair is not None:
                 sections.append(
                     (
@@ -930,7 +938,7 @@ def main(argv: list[str]) -> int:
                 ratios.update(more_ratios)
                 headline.extend(more_rows)
             params = {"samples": samples, "events": events, "watchers": list(watchers)}
-            if topology is not None:
+            if topology is not None or cluster is not None:
                 params |= {"failovers": failovers, "acks": acks}
             if pair is not None:
                 params |= {"failovers": failovers}

@@ -255,6 +255,8 @@ class RedisBackend(FanoutBackend):
                 # Active from here on: whatever was published before is in the store.
                 self._note_primary(pubsub, host)
                 host.subscribed()
+            elif kind == "pong":
+                self._answered(message["data"])
 
     def _note_primary(self, pubsub: PubSub, host: BackendHost) -> None:
         """Report a subscription confirmed on another server than the last one: a failover."""
@@ -268,6 +270,9 @@ class RedisBackend(FanoutBackend):
 
     async def _follow_primary(self, pubsub: PubSub) -> None:
         """Move a subscription left behind by a failover (a single server has none)."""
+
+    def _answered(self, data: object) -> None:
+        """A ``PING`` sent on the subscription's connection was answered with ``data``."""
 
     async def close(self) -> None:
         pubsub, client, sub_client = self._pubsub, self._client, self._sub_client

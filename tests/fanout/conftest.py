@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 import pytest
+import structlog
 from cluster_support import Cluster
 from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
 from fanout_support import RedisServer
@@ -109,6 +111,16 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     if request.param == "postgres":
         return postgres_engine(request.getfixturevalue("postgres"))
     return memory_engine()
+
+
+@pytest.fixture
+def warnings_logged(restore_structlog: None) -> structlog.testing.LogCapture:
+    """The library's warnings and errors, captured (structlog's configuration restored after)."""
+    captured = structlog.testing.LogCapture()
+    structlog.configure(
+        processors=[captured], wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
+    )
+    return captured
 
 
 @pytest.fixture

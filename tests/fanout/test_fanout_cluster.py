@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import structlog
 from cluster_support import Cluster, command
 from fanout_support import (
     RedisServer,
@@ -24,20 +25,24 @@ from fanout_support import (
 )
 
 from purgatory_aio import Purgatory
-from purgatory_aio.fanout import RedisFanout, fanout_from_url
+from purgatory_aio.fanout import FanoutUnavailable, RedisFanout, fanout_from_url
 from purgatory_aio.fanout._redis import ClusterBackend, parse_cluster_url
 
 
 @contextlib.asynccontextmanager
 async def members(
-    cluster: Cluster, first: RedisServer | None = None, name: str = "", **b_options: Any
+    cluster: Cluster,
+    first: RedisServer | None = None,
+    name: str = "",
+    a_options: dict[str, Any] | None = None,
+    **b_options: Any,
 ) -> AsyncIterator[tuple[Purgatory, RedisFanout, RedisFanout, str]]:
     """Two processes on the cluster under prefix ``name`` (else a fresh one): ``a`` waits
-    (subscribed on ``first``), ``b`` publishes (with ``b_options``); yields a's purgatory,
-    both fan-outs and the prefix."""
+    (subscribed on ``first``, with ``a_options``), ``b`` publishes (with ``b_options``);
+    yields a's purgatory, both fan-outs and the prefix."""
     name = name or fresh()
     a, b = Purgatory("a"), Purgatory("b")
-    fa = RedisFanout(cluster.url(first), a, prefix=name, connect_timeout=1.0)
+    fa = RedisFanout(cluster.url(first), a, prefix=name, connect_timeout=1.0, **(a_options or {}))
     fb = RedisFanout(cluster.url(), b, prefix=name, connect_timeout=1.0, **b_options)
     async with a, b, fa, fb:
         yield a, fa, fb, name
@@ -162,3 +167,246 @@ async def test_master_killed_mid_storm_keeps_every_replica_confirmed_advance(
         victim.kill()
         await asyncio.to_thread(cluster.wait_promoted, victim, f"{name}:value:{keys[0]}")
         await storm.check(lambda key: stored(cluster, name, key), waits, a)
+
+
+# -- live resharding ----------------------------------------------------------------------------
+
+
+async def test_live_resharding_takes_the_ask_and_moved_paths_and_loses_nothing(
+    cluster: Cluster, warnings_logged: structlog.testing.LogCapture
+) -> None:
+    keys = [f"r{i}" for i in range(12)]
+    async with members(cluster, min_replicas=1) as (a, fa, fb, name):
+        full = {key: f"{name}:value:{key}" for key in keys}
+        slots = {key: await asyncio.to_thread(cluster.slot_of, full[key]) for key in keys}
+        asked, moved = keys[0], next(key for key in keys if slots[key] != slots[keys[0]])
+        await asyncio.gather(*(fb.advance_confirmed(key, 1, timeout=5) for key in keys))
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, 3, 60)) for key in keys]
+        await until(lambda: a.num_delayed == len(keys) and fa.stats().reads_pending == 0)
+
+        # ASK: the slot is migrating and its keys are on the target already. The source
+        # answers ASK for them until the move is finished; the confirmation waits for it.
+        source = await asyncio.to_thread(cluster.master_of, full[asked])
+        target = next(
+            node for node in await asyncio.to_thread(cluster.masters) if node is not source
+        )
+        failures = fb.stats().publish_failures
+        await asyncio.to_thread(cluster.begin_move, slots[asked], target)
+        try:
+            confirming = asyncio.create_task(fb.advance_confirmed(asked, 2, timeout=30))
+            await until(lambda: fb.stats().publish_failures > failures)
+            # A wait admitted meanwhile reads the value where it is now (redis-py asks there).
+            assert await fa.wait_for_value(a, asked, 1, 5) == 1.0
+        finally:
+            await asyncio.to_thread(cluster.finish_move, slots[asked], target)
+        async with asyncio.timeout(10):
+            await confirming
+
+        # MOVED: another slot moved at once; both members still place it on its old master.
+        source = await asyncio.to_thread(cluster.master_of, full[moved])
+        target = next(
+            node for node in await asyncio.to_thread(cluster.masters) if node is not source
+        )
+        await asyncio.to_thread(cluster.move, slots[moved], target)
+        assert await fa.wait_for_value(a, moved, 1, 5) == 1.0  # the read follows MOVED
+        failures = fb.stats().publish_failures
+        await fb.advance_confirmed(moved, 2, timeout=10)
+        assert fb.stats().publish_failures > failures  # the batch met MOVED and was sent again
+
+        # Every wait completes once, with the last value; every confirmed value is held.
+        await asyncio.gather(*(fb.advance_confirmed(key, 3, timeout=10) for key in keys))
+        async with asyncio.timeout(10):
+            assert await asyncio.gather(*waits) == [3.0] * len(keys)
+        assert [await stored(cluster, name, key) for key in keys] == [3.0] * len(keys)
+        assert a.stats().completed == len(keys) + 2 and a.num_delayed == 0
+        assert fa.stats().failovers == 0  # the subscription has no slot: it never moved
+    said = " ".join(
+        e["error"] for e in warnings_logged.entries if e["event"] == "fanout_engine_down"
+    )
+    assert "the cluster is changing: ASK" in said and "the cluster is changing: MOVED" in said
+
+
+async def test_slots_moved_back_and_forth_mid_storm_keep_every_confirmed_advance(
+    cluster: Cluster,
+) -> None:
+    keys = [f"m{i}" for i in range(20)]
+    rounds = 100  # long enough to run through every move
+    async with members(cluster, min_replicas=1, replica_timeout=1.0) as (a, fa, fb, name):
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, rounds, 60)) for key in keys]
+        await until(lambda: a.num_delayed == len(keys))
+        slots = sorted(
+            {await asyncio.to_thread(cluster.slot_of, f"{name}:value:{k}") for k in keys}
+        )
+        masters = await asyncio.to_thread(cluster.masters)
+        storm = Storm(fb, keys, rounds)
+        await until(lambda: len(storm.confirmed) >= len(keys) // 3)
+        failures = fb.stats().publish_failures
+        for _ in range(2):  # eight slots of storm keys to another master, and on again
+            for slot in slots[:8]:
+                owner = await asyncio.to_thread(cluster.owner, slot)
+                target = next(master for master in masters if master is not owner)
+                await asyncio.to_thread(cluster.move, slot, target)
+        await storm.check(lambda key: stored(cluster, name, key), waits, a)
+        assert fb.stats().publish_failures > failures  # some batches met the moves
+        assert fa.stats().failovers == 0
+
+
+# -- frozen nodes ---------------------------------------------------------------------------------
+
+
+async def keys_of(
+    cluster: Cluster, prefix: str, node: RedisServer, count: int, own: bool
+) -> list[str]:
+    """``count`` keys whose master is ``node`` (``own``) or is another node."""
+    found: list[str] = []
+    for i in range(1000):
+        key = f"f{i}"
+        master = await asyncio.to_thread(cluster.master_of, f"{prefix}:value:{key}")
+        if (master is node) == own:
+            found.append(key)
+            if len(found) == count:
+                return found
+    raise AssertionError("no such keys")
+
+
+async def test_a_frozen_subscription_node_is_left_and_events_flow_again(
+    cluster: Cluster, warnings_logged: structlog.testing.LogCapture
+) -> None:
+    """The subscription's node frozen: unanswered probes move the subscription within
+    about ``connect_timeout`` (one second here), and the re-read catches up; the frozen
+    master's own keys follow once its replica is promoted."""
+    name = fresh()
+    victim = (await asyncio.to_thread(cluster.masters))[0]
+    elsewhere = await keys_of(cluster, name, victim, 5, own=False)
+    (on_victim,) = await keys_of(cluster, name, victim, 1, own=True)
+    # No safety-net resync within the test: only the subscription moving delivers.
+    quiet = {"resync_interval": 3600.0}
+    async with members(cluster, first=victim, name=name, a_options=quiet) as (a, fa, fb, _):
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, 1, 60)) for key in elsewhere]
+        victim_wait = asyncio.create_task(fa.wait_for_value(a, on_victim, 1, 60))
+        short = asyncio.create_task(fa.wait_for_value(a, "short", 1, 1.0))
+        await until(lambda: a.num_delayed == len(elsewhere) + 2)
+        await until(lambda: fa.stats().reads_pending == 0)
+        await asyncio.to_thread(cluster.freeze, victim)
+        try:
+            # Stored on live masters and published while a's node is frozen.
+            await asyncio.gather(*(fb.advance_confirmed(key, 1, timeout=5) for key in elsewhere))
+            async with asyncio.timeout(15):
+                assert await asyncio.gather(*waits) == [1.0] * len(elsewhere)
+                assert await short is None  # its deadline held
+            await asyncio.to_thread(cluster.wait_promoted, victim, f"{name}:value:{on_victim}")
+            await fb.advance_confirmed(on_victim, 1, timeout=20)
+            async with asyncio.timeout(15):
+                assert await victim_wait == 1.0
+            assert fa.stats().failovers == 1 and a.num_delayed == 0
+        finally:
+            await asyncio.to_thread(cluster.thaw, victim)
+    unanswered = [
+        e for e in warnings_logged.entries if e["event"] == "fanout_subscription_unanswered"
+    ]
+    # Logged by each member subscribed there (``b`` may be too), and only about that node.
+    assert {e["node"] for e in unanswered} == {f"127.0.0.1:{victim.port}"}
+
+
+async def test_a_frozen_master_mid_storm_keeps_every_replica_confirmed_advance(
+    cluster: Cluster,
+) -> None:
+    name, rounds = fresh(), 10
+    keys = [f"k{i}" for i in range(30)]
+    victim = await asyncio.to_thread(cluster.master_of, f"{name}:value:{keys[0]}")
+    listener = next(n for n in await asyncio.to_thread(cluster.masters) if n is not victim)
+    options = {"min_replicas": 1, "replica_timeout": 0.5}
+    async with members(cluster, first=listener, name=name, **options) as (a, fa, fb, _):
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, rounds, 60)) for key in keys]
+        short = asyncio.create_task(fa.wait_for_value(a, "short", 1, 1.0))
+        await until(lambda: a.num_delayed == len(keys) + 1)
+        storm = Storm(fb, keys, rounds)
+        await until(lambda: len(storm.confirmed) >= len(keys) // 2)
+        await asyncio.to_thread(cluster.freeze, victim)
+        try:
+            await asyncio.to_thread(cluster.wait_promoted, victim, f"{name}:value:{keys[0]}")
+            async with asyncio.timeout(10):
+                assert await short is None
+            await storm.check(lambda key: stored(cluster, name, key), waits, a)
+        finally:
+            await asyncio.to_thread(cluster.thaw, victim)
+
+
+# -- several nodes at once, and a failover during admissions ---------------------------------------
+
+
+async def test_two_masters_killed_at_once_wait_for_the_operator_and_lose_nothing_confirmed(
+    cluster: Cluster,
+) -> None:
+    """Two masters of three dead: no majority is left to elect their replicas, so their slots
+    stay unavailable (a clear FanoutUnavailable, deadlines kept) until an operator promotes the
+    replicas (CLUSTER FAILOVER TAKEOVER); then every replica-confirmed advance is there."""
+    name, rounds = fresh(), 10
+    keys = [f"k{i}" for i in range(30)]
+    victims = (await asyncio.to_thread(cluster.masters))[:2]
+    replicas = [await asyncio.to_thread(cluster.replica_of, victim) for victim in victims]
+    (doomed,) = await keys_of(cluster, name, victims[1], 1, own=True)
+    async with members(cluster, first=victims[0], name=name, min_replicas=1) as (a, fa, fb, _):
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, rounds, 60)) for key in keys]
+        short = asyncio.create_task(fa.wait_for_value(a, "short", 1, 1.0))
+        await until(lambda: a.num_delayed == len(keys) + 1)
+        storm = Storm(fb, keys, rounds)
+        await until(lambda: len(storm.confirmed) >= len(keys) // 2)
+        for victim in victims:  # the subscription's node among them
+            victim.kill()
+        with pytest.raises(FanoutUnavailable) as caught:
+            await fb.advance_confirmed(doomed, rounds + 1, timeout=3)
+        assert "\n" not in str(caught.value)
+        async with asyncio.timeout(10):
+            assert await short is None  # its deadline held
+        for replica in replicas:
+            await asyncio.to_thread(command, replica.port, "CLUSTER", "FAILOVER", "TAKEOVER")
+        await asyncio.to_thread(cluster.wait_serving)
+        await storm.check(lambda key: stored(cluster, name, key), waits, a)
+        await until(lambda: fa.stats().failovers == 1)
+
+
+async def test_a_slot_range_with_no_node_left_is_unavailable_not_a_hang(cluster: Cluster) -> None:
+    name = fresh()
+    victim = (await asyncio.to_thread(cluster.masters))[1]
+    replica = await asyncio.to_thread(cluster.replica_of, victim)
+    (doomed,) = await keys_of(cluster, name, victim, 1, own=True)
+    (alive,) = await keys_of(cluster, name, victim, 1, own=False)
+    listener = next(n for n in await asyncio.to_thread(cluster.masters) if n is not victim)
+    async with members(cluster, first=listener, name=name, min_replicas=1) as (a, fa, fb, _):
+        await fb.advance_confirmed(alive, 1, timeout=5)
+        long_wait = asyncio.create_task(fa.wait_for_value(a, doomed, 2, 60))
+        short = asyncio.create_task(fa.wait_for_value(a, alive, 2, 1.0))
+        await until(lambda: a.num_delayed == 2 and fa.stats().reads_pending == 0)
+        replica.kill()
+        victim.kill()
+        # Its slots have no node: the whole cluster is down (full coverage) and every
+        # confirmation fails, on that range first, then on another master's.
+        for key in (doomed, alive):
+            with pytest.raises(FanoutUnavailable) as caught:
+                await fb.advance_confirmed(key, 2, timeout=3)
+            assert "\n" not in str(caught.value)
+        async with asyncio.timeout(10):
+            assert await short is None  # deadlines hold throughout
+        assert not long_wait.done()
+        # Both nodes back (empty: no persistence): the range serves again, the wait completes.
+        await asyncio.to_thread(cluster.wait_healthy)
+        await fb.advance_confirmed(doomed, 2, timeout=20)
+        async with asyncio.timeout(20):
+            assert await long_wait == 2.0
+        assert a.num_delayed == 0
+
+
+async def test_a_master_killed_while_waits_are_admitted_reads_every_value(cluster: Cluster) -> None:
+    keys = [f"adm{i}" for i in range(200)]
+    async with members(cluster, min_replicas=1, replica_timeout=2.0) as (a, fa, fb, name):
+        await asyncio.gather(*(fb.advance_confirmed(key, 5, timeout=5) for key in keys))
+        victim = await asyncio.to_thread(cluster.master_of, f"{name}:value:{keys[0]}")
+        # Each admission reads its key's stored value: half of them as the master dies.
+        waits = [asyncio.create_task(fa.wait_for_value(a, key, 5, 60)) for key in keys[:100]]
+        await asyncio.sleep(0)
+        victim.kill()
+        waits += [asyncio.create_task(fa.wait_for_value(a, key, 5, 60)) for key in keys[100:]]
+        async with asyncio.timeout(30):
+            assert await asyncio.gather(*waits) == [5.0] * len(keys)
+        assert a.num_delayed == 0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cluster_support import Cluster
 from fanout_support import HANG_GUARD, RedisServer, free_port, wait_for_port
 from pg_support import PostgresServer, ReplicatedPair
 from sentinel_support import Sentinels
@@ -300,13 +301,7 @@ async def test_2000_polls_across_two_workers_on_sentinel_are_answered_once_throu
             statuses += await asyncio.gather(*(ack(session, base, f"fo-{i}") for i in batch))
             await asyncio.sleep(0.1)
         await failover
-        # An ack refused during the switch (503: not stored in time) is sent again, as the
-        # webhook's sender would after Retry-After.
-        for i, status in enumerate(statuses):
-            while status != 202:
-                assert status == 503, status
-                await asyncio.sleep(0.1)
-                status = await ack(session, base, f"fo-{i}")
+        await acked_again(session, base, "fo", statuses)
         await answered_once(polls, n)
         deadline = time.monotonic() + HANG_GUARD
         while True:  # the worker this lands on has moved its subscription, and counted it
@@ -315,6 +310,55 @@ async def test_2000_polls_across_two_workers_on_sentinel_are_answered_once_throu
                     break
             assert time.monotonic() < deadline, "no failover counted"
             await asyncio.sleep(0.1)
+
+
+async def test_2000_polls_across_two_workers_on_a_cluster_are_answered_once_through_a_failover(
+    cluster: Cluster, session: aiohttp.ClientSession
+) -> None:
+    """Both workers subscribe on the master that is killed; its replica takes its slots."""
+    n = 2000
+    victim = (await asyncio.to_thread(cluster.masters))[0]
+    with uvicorn_workers(Engine(cluster.url(victim), lambda: None, lambda: None)) as running:
+        base = running.base
+        polls = await park(session, base, n, "cl")
+        victim.kill()
+        statuses: list[int] = []
+        for start in range(0, n, 200):  # acks before, during and after the failover
+            batch = range(start, start + 200)
+            statuses += await asyncio.gather(*(ack(session, base, f"cl-{i}") for i in batch))
+        await asyncio.to_thread(cluster.wait_serving)
+        await acked_again(session, base, "cl", statuses)
+        await answered_once(polls, n)
+        await failed_over_in_both(base)
+
+
+async def acked_again(
+    session: aiohttp.ClientSession, base: str, tag: str, statuses: list[int]
+) -> None:
+    """Each ack of job ``<tag>-<i>`` refused during the switch (``statuses[i]`` 503: not stored
+    in time) sent again until stored, as the webhook's sender would after Retry-After."""
+
+    async def again(i: int, status: int) -> None:
+        while status != 202:
+            assert status == 503, status
+            await asyncio.sleep(0.1)
+            status = await ack(session, base, f"{tag}-{i}")
+
+    await asyncio.gather(*(again(i, status) for i, status in enumerate(statuses)))
+
+
+async def failed_over_in_both(base: str) -> None:
+    """Until each of the two workers has counted its subscription's move, once."""
+    switched: set[int] = set()
+    deadline = time.monotonic() + HANG_GUARD
+    while len(switched) < 2:
+        assert time.monotonic() < deadline, f"failovers counted by workers {switched}"
+        async with aiohttp.ClientSession() as probe, probe.get(f"{base}/fanout/stats") as r:
+            stats = await r.json()
+        assert stats["failovers"] <= 1, stats
+        if stats["failovers"] == 1:
+            switched.add(stats["worker"])
+        await asyncio.sleep(0.05)
 
 
 async def park(
