@@ -40,6 +40,7 @@ class Engine:
     stored: Callable[[str], Awaitable[float | None]]  # the value the engine holds for a key
     # store_foreign(key): a value under key the fan-out did not write (None: cannot hold one)
     store_foreign: Callable[[str], Awaitable[None]] | None
+    prefix: str = ""  # the members' prefix (none for the memory hub)
 
 
 def memory_engine() -> Engine:
@@ -73,14 +74,15 @@ def sentinel_engine(sentinels: Sentinels) -> Engine:
     return _redis_engine("redis-sentinel", sentinels.url, master)
 
 
-def cluster_engine(cluster: Cluster) -> Engine:
-    """Members on the ``redis+cluster://`` URL; a key's value is on its slot's master, and
-    a classic PUBLISH on any node reaches every node."""
+def cluster_engine(cluster: Cluster, first: RedisServer | None = None) -> Engine:
+    """Members on the ``redis+cluster://`` URL (``first`` named first: the node they
+    subscribe on); a key's value is on its slot's master, and a classic PUBLISH on any node
+    reaches every node."""
 
     async def master_of(key: str) -> str:
         return (await asyncio.to_thread(cluster.master_of, key)).url
 
-    return _redis_engine("redis-cluster", cluster.url(), master_of)
+    return _redis_engine("redis-cluster", cluster.url(first), master_of)
 
 
 def _redis_engine(name: str, url: str, node: Callable[[str], Awaitable[str]]) -> Engine:
@@ -113,7 +115,7 @@ def _redis_engine(name: str, url: str, node: Callable[[str], Awaitable[str]]) ->
         raw = await command(full, "GET", full)
         return None if raw is None else float(raw)
 
-    return Engine(name, make, publish_raw, stored, store_foreign)
+    return Engine(name, make, publish_raw, stored, store_foreign, prefix)
 
 
 def postgres_engine(server: PostgresServer) -> Engine:
@@ -157,4 +159,4 @@ def _postgres_engine(name: str, url: str) -> Engine:
         value: float | None = await sql(f"SELECT value FROM {prefix}_values WHERE key = $1", key)
         return value
 
-    return Engine(name, make, publish_raw, stored, store_foreign)
+    return Engine(name, make, publish_raw, stored, store_foreign, prefix)
