@@ -12,22 +12,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._base import ABANDON_AFTER as ABANDON_AFTER
-from ._base import MAX_LABEL_CHARS as MAX_LABEL_CHARS
-from ._base import MAX_LABELS as MAX_LABELS
 from ._base import BackendHost as BackendHost
 from ._base import Event as Event
-from ._base import Fanout as Fanout
 from ._base import FanoutBackend as FanoutBackend
-from ._base import FanoutStats as FanoutStats
 from ._base import FanoutUnavailable as FanoutUnavailable
 from ._base import MalformedMessage as MalformedMessage
-from ._base import ValueReached as ValueReached
-from ._base import check_label as check_label
 from ._factory import ENV_FANOUT_URL as ENV_FANOUT_URL
 from ._factory import fanout_from_url as fanout_from_url
+from ._fanout import Fanout as Fanout
 from ._memory import MemoryFanout as MemoryFanout
 from ._memory import MemoryHub as MemoryHub
+from ._stats import FanoutStats as FanoutStats
 from ._stream import ValueStream as ValueStream
+from ._value_reached import MAX_LABEL_CHARS as MAX_LABEL_CHARS
+from ._value_reached import MAX_LABELS as MAX_LABELS
+from ._value_reached import ValueReached as ValueReached
+from ._value_reached import check_label as check_label
 
 if TYPE_CHECKING:
     from ._postgres import PostgresFanout as PostgresFanout

@@ -7,7 +7,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from .._purgatory import Purgatory
-from ._base import Fanout
+from ._fanout import Fanout
 from ._urls import redacted
 
 #: The environment variable :func:`fanout_from_url` reads when no URL is given.

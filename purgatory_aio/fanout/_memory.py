@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Sequence
 
 from .._purgatory import Purgatory
-from ._base import ADVANCE, BackendHost, Event, Fanout, FanoutBackend
+from ._base import ADVANCE, BackendHost, Event, FanoutBackend
+from ._fanout import Fanout
 
 
 class MemoryHub:

@@ -23,7 +23,9 @@ from .._errors import PurgatoryClosed
 from .._operation import DelayedOperation
 from .._purgatory import Purgatory
 from .._validation import check_positive_seconds
-from ._base import Fanout, ValueReached, check_key, check_value
+from ._checks import check_key, check_value
+from ._fanout import Fanout
+from ._value_reached import ValueReached
 
 #: Why a stream ended (:attr:`ValueStream.ended`).
 EndReason = Literal["deadline", "cancelled", "shutdown", "closed", "exhausted"]

@@ -16,7 +16,7 @@ from http_support import serve_aiohttp, serve_asgi
 from purgatory_aio import Purgatory
 from purgatory_aio.events import OperationEvent
 from purgatory_aio.fanout import MAX_LABEL_CHARS, MAX_LABELS, MemoryFanout, ValueReached
-from purgatory_aio.fanout import _base as fanout_base
+from purgatory_aio.fanout import _value_reached as fanout_base
 from purgatory_aio.integrations import route_label
 from purgatory_aio.integrations.aiohttp import setup_purgatories
 from purgatory_aio.integrations.aiohttp import wait_for_value as aiohttp_wait_for_value
