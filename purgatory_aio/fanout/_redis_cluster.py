@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,7 +27,7 @@ from ._base import (
     Event,
     FanoutUnavailable,
 )
-from ._redis_backend import RedisBackend
+from ._redis_backend import RedisBackend, one_try
 from ._redis_urls import parse_cluster_url
 from ._urls import redacted
 
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 
 
 _log = get_logger("purgatory_aio.fanout.redis")
+
+#: Seconds between the subscriber's PINGs to its node: how long a subscription may stay on
+#: a node that froze (or was cut off) before it moves.
+_PROBE_INTERVAL: Final = 1.0
 
 
 # A Cluster's answers meaning "not here, or not now": the slot moved or is moving, or a
@@ -74,6 +79,8 @@ class ClusterBackend(RedisBackend):
         self.target = parse_cluster_url(url)
         self._nodes: dict[str, aioredis.Redis] = {}  # host:port -> a client of that node
         self._stale = False  # the slots moved since the cluster client last read them
+        self._lost = False  # the subscription failed: move it to another node
+        self._next_probe = 0.0
 
     @property
     def address(self) -> str:
@@ -120,15 +127,21 @@ class ClusterBackend(RedisBackend):
                 port=int(node.port),
                 socket_timeout=bound,
                 max_connections=8,
+                retry=one_try(),
                 **self._node_options(),
             )
         return client
 
-    async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
+    async def _current_slots(self) -> RedisCluster:
+        """The cluster client, its slots read again if a command failed since."""
         cluster = self._cluster()
         if self._stale:
             await cluster.nodes_manager.initialize()
             self._stale = False
+        return cluster
+
+    async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
+        cluster = await self._current_slots()
         groups: dict[str, tuple[ClusterNode, list[int]]] = {}
         anywhere: ClusterNode | None = None
         for i, event in enumerate(events):
@@ -161,7 +174,12 @@ class ClusterBackend(RedisBackend):
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
         prefix = self._value_prefix
-        raw = await self._cluster().mget_nonatomic([prefix + key for key in keys])
+        cluster = await self._current_slots()
+        try:
+            raw = await cluster.mget_nonatomic([prefix + key for key in keys])
+        except self.network_errors:
+            self._stale = True  # a frozen master's slots stay its own until read again
+            raise
         return self._numbers(keys, raw, host)
 
     async def _subscribe_somewhere(self, current: str | None) -> None:
@@ -191,7 +209,7 @@ class ClusterBackend(RedisBackend):
                 await _quietly_close(pubsub, client)
                 continue
             old_pubsub, old_client = self._pubsub, self._sub_client
-            self._pubsub, self._sub_client = pubsub, client
+            self._pubsub, self._sub_client, self._lost = pubsub, client, False
             await _quietly_close(old_pubsub, old_client)
             if current is not None:
                 _log.info("fanout_subscription_moving", address=self.address, old=current, new=name)
@@ -202,10 +220,35 @@ class ClusterBackend(RedisBackend):
         # A dropped subscription is not taken up again on the same node (it may be dead):
         # the next node that answers takes it.
         connection = pubsub.connection
-        if connection is not None and connection.is_connected:
+        connected = connection is not None and connection.is_connected
+        if not self._lost and connected and await self._node_answers():
             return
         current = None if connection is None else f"{connection.host}:{connection.port}"
         await self._subscribe_somewhere(current or self._primary)
+
+    async def _node_answers(self) -> bool:
+        """Whether the subscription's node answers a PING (asked about once a second): a
+        frozen node keeps the subscription's connection open and silent, and redis-py's
+        health check never notices that its answer does not come."""
+        now = time.monotonic()
+        client = self._sub_client
+        if now < self._next_probe or client is None:
+            return True
+        self._next_probe = now + _PROBE_INTERVAL
+        try:
+            async with asyncio.timeout(self._timeout):
+                await client.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+        return True
+
+    async def _subscription_failed(self, pubsub: PubSub, exc: BaseException) -> None:
+        # redis-py would take it up again on the same node, and a node that stopped answering
+        # (frozen, cut off) still accepts connections: another node takes it.
+        await super()._subscription_failed(pubsub, exc)
+        self._lost = True
 
     async def close(self) -> None:
         nodes, self._nodes = list(self._nodes.values()), {}

@@ -9,7 +9,6 @@ import os
 import signal
 import uuid
 
-import pytest
 from cluster_support import Cluster
 from fanout_support import until
 from test_fanout_cluster import stored
@@ -24,12 +23,6 @@ PATIENCE = 30.0
 CONFIRM_WITHIN = 10.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: redis-py's own retries (three more tries, with backoff) hold a "
-    "command to a frozen node about fifteen times connect_timeout, so the batch reaches the "
-    "promoted replica long after",
-)
 async def test_a_frozen_master_is_left_for_its_promoted_replica(cluster: Cluster) -> None:
     name, key = f"c{uuid.uuid4().hex[:10]}", "job:frozen"
     victim = await asyncio.to_thread(cluster.master_of, f"{name}:value:{key}")

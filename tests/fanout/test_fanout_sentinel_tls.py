@@ -78,11 +78,6 @@ async def test_a_wait_completes_across_members_and_through_a_failover(settled: S
         ("localhost", False, "its TLS certificate does not name the host in the URL"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: when every sentinel fails its TLS handshake the line says that no "
-    "sentinel answered, hiding the certificate's fault",
-)
 async def test_a_wrong_certificate_on_the_sentinels_is_one_clear_line(
     tls_sentinels: tuple[Sentinels, Path], host: str, other_ca: bool, says: str
 ) -> None:
