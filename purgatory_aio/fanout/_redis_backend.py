@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     NoScriptError,
@@ -68,6 +70,14 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def one_try() -> Retry:
+    """redis-py's retry policy for the fan-out's command connections: none. Its default
+    (three more tries, with a growing backoff) held a command to a frozen server about
+    fifteen times ``connect_timeout``; the fan-out retries a failed batch itself, with its
+    own backoff, wherever the engine is by then."""
+    return Retry(NoBackoff(), 0)
+
+
 class RedisBackend(FanoutBackend):
     """The Redis engine of :class:`RedisFanout`: a channel, and the values under a prefix."""
 
@@ -109,7 +119,7 @@ class RedisBackend(FanoutBackend):
     async def connect(self, host: BackendHost | None) -> None:
         # A command's bound covers the WAIT a confirmed batch may end with.
         bound = self._timeout + (self._replica_timeout if self._min_replicas else 0.0)
-        client = self._new_client(socket_timeout=bound, max_connections=8)
+        client = self._new_client(socket_timeout=bound, max_connections=8, retry=one_try())
         self._client = client
         try:
             await client.ping()
@@ -234,11 +244,7 @@ class RedisBackend(FanoutBackend):
                 # A dropped connection (redis-py reconnects and resubscribes on the next call)
                 # or a reply it cannot parse: either way, listen again after a pause.
                 host.down(exc)
-                if not isinstance(exc, self.network_errors):
-                    with contextlib.suppress(Exception):
-                        connection = pubsub.connection
-                        if connection is not None:
-                            await connection.disconnect()
+                await self._subscription_failed(pubsub, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -273,6 +279,15 @@ class RedisBackend(FanoutBackend):
 
     def _answered(self, data: object) -> None:
         """A ``PING`` sent on the subscription's connection was answered with ``data``."""
+
+    async def _subscription_failed(self, pubsub: PubSub, exc: BaseException) -> None:
+        """After a network error redis-py reconnects and resubscribes on the next call; after
+        any other error the connection is closed, to start again from a clean state."""
+        if not isinstance(exc, self.network_errors):
+            with contextlib.suppress(Exception):
+                connection = pubsub.connection
+                if connection is not None:
+                    await connection.disconnect()
 
     async def close(self) -> None:
         pubsub, client, sub_client = self._pubsub, self._client, self._sub_client

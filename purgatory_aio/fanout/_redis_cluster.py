@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -29,7 +27,7 @@ from ._base import (
     Event,
     FanoutUnavailable,
 )
-from ._redis_backend import RedisBackend
+from ._redis_backend import RedisBackend, one_try
 from ._redis_urls import parse_cluster_url
 from ._urls import redacted
 
@@ -87,6 +85,7 @@ class ClusterBackend(RedisBackend):
         self._stale = False  # the slots moved since the cluster client last read them
         self._next_probe = 0.0
         self._probe_sent: float | None = None  # when the unanswered probe went out
+        self._lost = False  # the subscription failed: another node takes it
 
     @property
     def address(self) -> str:
@@ -104,7 +103,7 @@ class ClusterBackend(RedisBackend):
         return {
             "socket_connect_timeout": self._timeout,
             "decode_responses": False,
-            **({} if retry else {"retry": Retry(NoBackoff(), 0)}),
+            **({} if retry else {"retry": one_try()}),
             **self.target.options,
         }
 
@@ -225,7 +224,7 @@ class ClusterBackend(RedisBackend):
                 await _quietly_close(pubsub, client)
                 continue
             old_pubsub, old_client = self._pubsub, self._sub_client
-            self._pubsub, self._sub_client = pubsub, client
+            self._pubsub, self._sub_client, self._lost = pubsub, client, False
             await _quietly_close(old_pubsub, old_client)
             if current is not None:
                 _log.info("fanout_subscription_moving", address=self.address, old=current, new=name)
@@ -237,7 +236,7 @@ class ClusterBackend(RedisBackend):
         # the next node that answers takes it. Nor is one on a node that stopped answering
         # (frozen, partitioned): its connection may stay open for ever, delivering nothing.
         connection = pubsub.connection
-        if connection is not None and connection.is_connected:
+        if not self._lost and connection is not None and connection.is_connected:
             if self._probe_sent is None and time.monotonic() < self._next_probe:
                 # Called once per message received: with no probe due, no coroutine to await
                 # (185 against 283 ns per call, measured alone on asyncio).
@@ -276,6 +275,12 @@ class ClusterBackend(RedisBackend):
             except Exception:
                 return False
         return True
+
+    async def _subscription_failed(self, pubsub: PubSub, exc: BaseException) -> None:
+        # redis-py would take it up again on the same node, and a node that stopped answering
+        # (frozen, cut off) still accepts connections: another node takes it.
+        await super()._subscription_failed(pubsub, exc)
+        self._lost = True
 
     def _answered(self, data: object) -> None:
         if data == _PROBE.encode():

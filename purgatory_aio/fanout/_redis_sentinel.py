@@ -9,17 +9,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
-from redis.backoff import NoBackoff
 
 from .._logging import get_logger
 from ._base import (
     BackendHost,
     Event,
+    FanoutUnavailable,
 )
-from ._redis_backend import RedisBackend
-from ._redis_urls import parse_sentinel_url
+from ._redis_backend import RedisBackend, one_try
+from ._redis_urls import in_words, parse_sentinel_url
 from ._urls import redacted
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ class SentinelBackend(RedisBackend):
             "socket_timeout": self._timeout,
             # One try per sentinel per question: the next sentinel is the retry, and the
             # fan-out retries the whole question with its own backoff.
-            "retry": Retry(NoBackoff(), 0),
+            "retry": one_try(),
             **target.sentinel,
         }
         self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
@@ -57,12 +56,44 @@ class SentinelBackend(RedisBackend):
     def address(self) -> str:
         return f"Redis service {self.target.service!r} via sentinels {redacted(self.url)}"
 
+    async def connect(self, host: BackendHost | None) -> None:
+        try:
+            await super().connect(host)
+        except FanoutUnavailable as unavailable:
+            why = await self._why_no_sentinel_answered(unavailable.__context__)
+            if why is None:
+                raise
+            raise FanoutUnavailable(why) from None
+
+    def _none_answered(self, exc: BaseException | None) -> bool:
+        # redis-py lists the sentinels it could not ask after " : ", one " - " each.
+        unreachable = str(exc).partition(" : ")[2].count(" - ")
+        return isinstance(exc, MasterNotFoundError) and unreachable >= len(self.target.sentinels)
+
+    async def _why_no_sentinel_answered(self, exc: BaseException | None) -> str | None:
+        """When no sentinel answered, why the first one did not (an untrusted certificate,
+        TLS spoken to a plain port...), asked again: redis-py's error names each failure's
+        type alone."""
+        if not self._none_answered(exc):
+            return None
+        first = self._sentinel.sentinels[0]
+        try:
+            async with asyncio.timeout(self._timeout):
+                await first.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception as failure:
+            where = first.connection_pool.connection_kwargs
+            sentinel = f"{where.get('host')}:{where.get('port')}"
+            return in_words(
+                failure, self.url, f"{self.address}: no sentinel answered; the first, {sentinel}"
+            )
+        return None  # it answers now: the line already said what happened
+
     def _in_words(self, exc: BaseException) -> str:
         if not isinstance(exc, MasterNotFoundError):
             return super()._in_words(exc)
-        # redis-py lists the sentinels it could not ask after " : ", one " - " each.
-        unreachable = str(exc).partition(" : ")[2].count(" - ")
-        if unreachable >= len(self.target.sentinels):
+        if self._none_answered(exc):
             return f"cannot reach {self.address}: no sentinel answered"
         return (
             f"{self.address}: no sentinel knows a master of that service that is up "

@@ -8,7 +8,16 @@ from typing import Any, TypeVar
 import pytest
 import structlog
 from cluster_support import Cluster
-from engines import ENGINES, Engine, memory_engine, postgres_engine, redis_engine
+from engines import (
+    ENGINES,
+    Engine,
+    cluster_engine,
+    memory_engine,
+    postgres_engine,
+    redis_engine,
+    sentinel_engine,
+    standby_engine,
+)
 from fanout_support import RedisServer
 from pg_support import PostgresServer, ReplicatedPair, TlsPostgresServer
 from sentinel_support import Sentinels
@@ -105,7 +114,14 @@ def cluster(cluster_topology: Cluster) -> Cluster:
 
 @pytest.fixture(params=ENGINES)
 def engine(request: pytest.FixtureRequest) -> Engine:
-    """Each engine in turn; its server is started on first use and shared by the session."""
+    """Each engine in turn; its server (or topology) is started on first use and shared by
+    the session, and settled before each test (a test before may have failed it over)."""
+    if request.param == "redis-sentinel":
+        return sentinel_engine(request.getfixturevalue("sentinels"))
+    if request.param == "redis-cluster":
+        return cluster_engine(request.getfixturevalue("cluster"))
+    if request.param == "postgres-standby":
+        return standby_engine(request.getfixturevalue("replicated"))
     if request.param == "redis":
         return redis_engine(request.getfixturevalue("redis_shared"))
     if request.param == "postgres":

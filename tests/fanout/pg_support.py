@@ -363,6 +363,7 @@ class ReplicatedPair:
         self.primary, self.standby = first, PostgresServer(first.password)
         self.sync = False
         self.failovers = 0
+        self._conninfo: str | None = None  # the standby's, while its WAL receiver is stopped
 
     @property
     def servers(self) -> tuple[PostgresServer, PostgresServer]:
@@ -390,6 +391,8 @@ class ReplicatedPair:
     def ensure(self, sync: bool = False, timeout: float = 60.0) -> None:
         """Both running and streaming, the replication synchronous or not as asked."""
         self.primary.ensure_running()
+        if self._conninfo is not None and self.standby.proc is not None:
+            self.resume_receiving()  # a test left it lagging
         if self.standby.proc is None or self.standby.frozen:
             self.standby.kill()  # a frozen old primary would come back as a second primary
             self.standby.clone(self.primary)
@@ -415,6 +418,30 @@ class ReplicatedPair:
                 raise RuntimeError("the standby does not catch up with the primary")
             time.sleep(0.02)
 
+    def stop_receiving(self, timeout: float = 30.0) -> None:
+        """Stop the standby's WAL receiver (its ``primary_conninfo`` emptied, as a cut link
+        would): it keeps what it received and receives nothing more, so the primary's
+        commits from now on are on the primary alone (with synchronous replication, they
+        wait). :meth:`resume_receiving` undoes it."""
+        self._conninfo = self.standby.sql("SHOW primary_conninfo")
+        self._set_conninfo("")
+        deadline = time.monotonic() + timeout
+        while self.primary.sql("SELECT count(*) FROM pg_stat_replication") != "0":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby's WAL receiver did not stop")
+            time.sleep(0.02)
+
+    def resume_receiving(self) -> None:
+        """Give the standby its ``primary_conninfo`` back: it streams (and catches up) again."""
+        if self._conninfo is not None:
+            self._set_conninfo(self._conninfo)
+            self._conninfo = None
+
+    def _set_conninfo(self, conninfo: str) -> None:
+        quoted = conninfo.replace("'", "''")
+        self.standby.sql(f"ALTER SYSTEM SET primary_conninfo = '{quoted}'")
+        self.standby.sql("SELECT pg_reload_conf()")
+
     def lose_primary(self, freeze: bool = False) -> None:
         """SIGKILL (or SIGSTOP) the primary; the standby stays a standby until :meth:`promote`."""
         if freeze:
@@ -427,6 +454,7 @@ class ReplicatedPair:
         self.standby.promote()
         self.primary, self.standby = self.standby, self.primary
         self.failovers += 1
+        self._conninfo = None  # the old primary, recloned by ensure(), streams from the start
 
     def fail_over(self, freeze: bool = False) -> None:
         """SIGKILL (or SIGSTOP) the primary, then promote the standby."""

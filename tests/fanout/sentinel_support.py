@@ -1,6 +1,7 @@
 """A Sentinel-managed Redis for the tests: a master, a replica and three sentinels on loopback.
 
-Every process listens on 127.0.0.1 on a free port and is stopped by its own PID. The
+Every process listens on 127.0.0.1 on a free port and is stopped by its own PID; with
+:class:`Tls` every one of them takes TLS only, and they reach one another over TLS. The
 sentinels judge a master down after a second (shorter, they misjudge the master they
 just promoted), so a failover takes about two seconds.
 """
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +27,74 @@ FAILOVER_TIMEOUT_MS = 2000
 SETTLE = 30.0
 
 
-def _command(port: int, *args: object) -> Any:
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
+@dataclass(frozen=True)
+class Tls:
+    """Certificates for a topology that takes TLS only: ``cert`` (with its ``key``) names
+    127.0.0.1, and ``ca`` signed it."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def server_options(self) -> list[str]:
+        """redis-server's options (a sentinel's configuration lines, without the dashes):
+        TLS only on the port given, and TLS to the other nodes."""
+        return [
+            "--port", "0",
+            "--tls-cert-file", str(self.cert), "--tls-key-file", str(self.key),
+            "--tls-ca-cert-file", str(self.ca), "--tls-auth-clients", "no",
+            "--tls-replication", "yes",
+        ]  # fmt: skip
+
+    def client_options(self) -> dict[str, Any]:
+        return {"ssl": True, "ssl_ca_certs": str(self.ca)}
+
+
+def _command(port: int, *args: object, tls: Tls | None = None) -> Any:
+    client = _client(port, tls)
     try:
         return client.execute_command(*args)
     finally:
         client.close()
 
 
-class Sentinels:
-    """One master, one replica, three sentinels; ``url`` names them for the fan-out."""
+def _client(port: int, tls: Tls | None) -> redis.Redis:
+    options = {} if tls is None else tls.client_options()
+    return redis.Redis(
+        host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2, **options
+    )
 
-    def __init__(self) -> None:
-        self.nodes = [RedisServer(args=["--repl-diskless-sync-delay", "0"]) for _ in range(2)]
+
+class Sentinels:
+    """One master, one replica, three sentinels; ``url`` names them for the fan-out.
+
+    With ``tls`` every node and sentinel takes TLS only (``rediss+sentinel://``)."""
+
+    def __init__(self, tls: Tls | None = None) -> None:
+        self.tls = tls
+        self.nodes = [RedisServer() for _ in range(2)]
+        for node in self.nodes:
+            node.args = self._node_args(node)
         self.ports = [free_port() for _ in range(3)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None, None, None]
         self.dirs = [Path(node.dir) for node in self.nodes]
 
+    def _node_args(self, node: RedisServer) -> list[str]:
+        args = ["--repl-diskless-sync-delay", "0"]
+        if self.tls is not None:
+            args += ["--tls-port", str(node.port), *self.tls.server_options()]
+        return args
+
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
-        return f"redis+sentinel://{hosts}/{SERVICE}"
+        if self.tls is None:
+            return f"redis+sentinel://{hosts}/{SERVICE}"
+        return f"rediss+sentinel://{hosts}/{SERVICE}?ssl_ca_certs={self.tls.ca}"
+
+    def command(self, port: int, *args: object) -> Any:
+        """One command to the node or sentinel on ``port`` (over TLS if the topology is)."""
+        return _command(port, *args, tls=self.tls)
 
     def start(self) -> None:
         first, second = self.nodes
@@ -54,9 +103,16 @@ class Sentinels:
         second.start()
         for i, port in enumerate(self.ports):
             config = self.dirs[0] / f"sentinel-{port}.conf"
+            if self.tls is None:
+                listen = f"port {port}\n"
+            else:  # the same options as the nodes', as configuration lines
+                options = ["--tls-port", str(port), *self.tls.server_options()]
+                listen = "".join(
+                    f"{name[2:]} {value}\n"
+                    for name, value in zip(options[::2], options[1::2], strict=True)
+                )
             config.write_text(
-                f"port {port}\n"
-                "bind 127.0.0.1\n"
+                listen + "bind 127.0.0.1\n"
                 f"dir {self.dirs[0]}\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {first.port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
@@ -73,7 +129,7 @@ class Sentinels:
 
     def master(self) -> RedisServer:
         """The node the sentinels name as master now."""
-        _, port = _command(self.ports[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+        _, port = self.command(self.ports[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
         return next(node for node in self.nodes if node.port == int(port))
 
     def replica(self) -> RedisServer:
@@ -83,29 +139,29 @@ class Sentinels:
     def _healthy(self) -> bool:
         try:
             masters = {
-                int(_command(port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
+                int(self.command(port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
                 for port in self.ports
             }
             if len(masters) != 1:
                 return False
             (port,) = masters
-            state = _command(self.ports[0], "SENTINEL", "MASTER", SERVICE)
+            state = self.command(self.ports[0], "SENTINEL", "MASTER", SERVICE)
             if state[b"flags"] != b"master":  # not down, no failover under way
                 return False
             if int(state[b"num-other-sentinels"]) != 2 or int(state[b"num-slaves"]) < 1:
                 return False
             for sentinel in self.ports:  # each may lead the next failover: each must see
-                replicas = _command(sentinel, "SENTINEL", "REPLICAS", SERVICE)
+                replicas = self.command(sentinel, "SENTINEL", "REPLICAS", SERVICE)
                 if not any(_promotable(replica) for replica in replicas):
                     return False
-            info = _command(port, "INFO", "replication")
+            info = self.command(port, "INFO", "replication")
             replica = info.get("slave0")
             online = (
                 info.get("role") == "master"
                 and isinstance(replica, dict)
                 and replica.get("state") == "online"
             )
-            return online and _replicated(port)
+            return online and _replicated(port, self.tls)
         except (redis.RedisError, OSError, StopIteration, KeyError, ValueError, TypeError):
             return False
 
@@ -137,23 +193,22 @@ class Sentinels:
             master = self.master()
             for node in self.nodes:
                 if node is not master and node.proc is not None:
-                    info = _command(node.port, "INFO", "replication")
+                    info = self.command(node.port, "INFO", "replication")
                     if info.get("role") == "master":
-                        _command(node.port, "REPLICAOF", "127.0.0.1", master.port)
+                        self.command(node.port, "REPLICAOF", "127.0.0.1", master.port)
         except (redis.RedisError, OSError, StopIteration):
             pass
 
     def restart(self, node: RedisServer) -> None:
         """Start a killed node again, as a replica of the current master."""
         master = next(n for n in self.nodes if n is not node)
-        node.args = ["--repl-diskless-sync-delay", "0"]
-        node.args += ["--replicaof", "127.0.0.1", str(master.port)]
+        node.args = [*self._node_args(node), "--replicaof", "127.0.0.1", str(master.port)]
         node.start()
 
     def failover(self) -> RedisServer:
         """``SENTINEL FAILOVER``: returns the new master once the sentinels name it."""
         old = self.master()
-        _command(self.ports[0], "SENTINEL", "FAILOVER", SERVICE)
+        self.command(self.ports[0], "SENTINEL", "FAILOVER", SERVICE)
         return self.wait_new_master(old)
 
     def wait_new_master(self, old: RedisServer) -> RedisServer:
@@ -200,10 +255,10 @@ def _promotable(replica: dict[bytes, bytes]) -> bool:
     return replica.get(b"flags") == b"slave"
 
 
-def _replicated(port: int) -> bool:
+def _replicated(port: int, tls: Tls | None = None) -> bool:
     """Whether the master at ``port`` has a replica acknowledging a write (WAIT, on the
     connection that wrote)."""
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
+    client = _client(port, tls)
     try:
         pipe = client.pipeline(transaction=False)
         pipe.set("purgatory-test:health", "1")

@@ -1,4 +1,6 @@
-"""What every fan-out engine does, run against each: memory, Redis, PostgreSQL.
+"""What every fan-out engine does, run against each: memory, Redis, PostgreSQL, and the
+topologies production runs: Redis behind Sentinel, a Redis Cluster, a PostgreSQL primary
+with a streaming standby (each reached by its URL alone; see ``engines.py``).
 
 Members made by one engine share its bus and store, as worker processes do. The
 invariants are the core's: every operation settles exactly once, nothing

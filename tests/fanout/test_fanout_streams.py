@@ -1,6 +1,7 @@
 """Streams of a key's values (``Fanout.stream``): each new maximum once, none missed, and
-every way a stream ends releasing what it watched; under every engine, and through an
-engine killed and restarted while values flow."""
+every way a stream ends releasing what it watched; under every engine, through an engine
+killed and restarted while values flow, and through each production topology failing over
+(a Sentinel master, a Cluster master, a PostgreSQL primary)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,18 @@ from typing import Any
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from engines import Engine, postgres_engine, redis_engine
+from cluster_support import Cluster
+from engines import (
+    Engine,
+    cluster_engine,
+    postgres_engine,
+    redis_engine,
+    sentinel_engine,
+    standby_engine,
+)
 from fanout_support import RedisServer, until
-from pg_support import PostgresServer
+from pg_support import PostgresServer, ReplicatedPair
+from sentinel_support import Sentinels
 
 from purgatory_aio import Purgatory
 from purgatory_aio.fanout import Fanout, FanoutUnavailable, MemoryFanout, MemoryHub, ValueStream
@@ -349,6 +359,48 @@ async def test_a_stream_survives_its_postgres_connections_cut(postgres: Postgres
             await admin.close()
 
     await stream_through_faults(postgres_engine(postgres), {10: cut, 20: cut, 30: cut})
+
+
+# -- a production topology failing over while values flow ----------------------------------------
+
+
+def in_thread(action: Callable[[], object]) -> Callable[[], Awaitable[object]]:
+    async def run_it() -> object:
+        return await asyncio.to_thread(action)
+
+    return run_it
+
+
+async def test_a_stream_survives_a_sentinel_failover(sentinels: Sentinels) -> None:
+    """The master killed: the sentinels promote its replica, the stream goes on there."""
+    master = sentinels.master()
+    faults = {
+        15: run(master.kill),
+        18: in_thread(lambda: sentinels.wait_new_master(master)),
+    }
+    await stream_through_faults(sentinel_engine(sentinels), faults, down=range(15, 18))
+
+
+async def test_a_stream_survives_its_cluster_master_killed(cluster: Cluster) -> None:
+    """The master that holds the key, and the subscription, killed: its replica takes over
+    the key's slot, the subscription moves to another node, the stream goes on."""
+    key = "{stream}progress"  # a hash tag: the slot is the same whatever the prefix
+    master = cluster.master_of(key)
+    faults = {15: run(master.kill), 18: in_thread(lambda: cluster.wait_promoted(master, key))}
+    engine = cluster_engine(cluster, first=master)
+    await stream_through_faults(engine, faults, down=range(15, 18), key=key)
+
+
+async def test_a_stream_survives_a_standby_promoted(replicated: ReplicatedPair) -> None:
+    """The primary killed once the standby has every value so far, then the standby promoted
+    (what asynchronous replication may lose is tested in test_fanout_postgres_lag.py)."""
+
+    def lose_primary() -> None:
+        replicated.caught_up()
+        replicated.lose_primary()
+
+    faults = {15: in_thread(lose_primary), 18: in_thread(replicated.promote)}
+    await stream_through_faults(standby_engine(replicated), faults, down=range(15, 18))
 
 
 def test_fanout_stream_is_a_value_stream() -> None:
