@@ -5,8 +5,6 @@ the new master without a hang, and the thawed node rejoins as a replica."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import uuid
 
 from cluster_support import Cluster
@@ -35,8 +33,7 @@ async def test_a_frozen_master_is_left_for_its_promoted_replica(cluster: Cluster
         waiting = asyncio.create_task(fa.wait_for_value(a, key, 1, PATIENCE * 2))
         expiring = asyncio.create_task(fa.wait_for_value(a, "job:never", 1, 1.0))
         await until(lambda: a.num_delayed == 2)
-        assert victim.proc is not None
-        os.kill(victim.proc.pid, signal.SIGSTOP)
+        cluster.freeze(victim)
         try:
             # Sent to the frozen master: no answer; the command times out, the slots are read
             # again (the frozen node named first: its question times out too), and the batch
@@ -51,7 +48,7 @@ async def test_a_frozen_master_is_left_for_its_promoted_replica(cluster: Cluster
             assert await stored(cluster, name, key) == 1.0
             await until(lambda: fa.stats().failovers >= 1)  # the subscription left the node
         finally:
-            os.kill(victim.proc.pid, signal.SIGCONT)
+            cluster.thaw(victim)
         # Thawed, the old master learns it was replaced and follows the new one: what it
         # held is not written back over the value confirmed meanwhile.
         await asyncio.to_thread(cluster.wait_healthy)
