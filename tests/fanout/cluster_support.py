@@ -61,29 +61,27 @@ class Cluster:
         cli = shutil.which("redis-cli")
         assert cli is not None, "redis-cli is missing (Debian's redis-tools)"
         for attempt in range(3):
-            for node in self.nodes:
-                node.start()
-            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-            created = subprocess.run(
-                [
-                    cli,
-                    "--cluster",
-                    "create",
-                    *addresses,
-                    "--cluster-replicas",
-                    "1",
-                    "--cluster-yes",
-                ],
-                capture_output=True,
-                timeout=60,
-            )
-            if created.returncode == 0:
-                break
-            # Free ports are picked one at a time: two nodes may have drawn the same one.
+            try:
+                for node in self.nodes:
+                    node.start()
+            except RuntimeError as exc:  # its port was taken since it was picked
+                said = str(exc)
+            else:
+                addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+                created = subprocess.run(
+                    [cli, "--cluster", "create", *addresses, "--cluster-replicas", "1",
+                     "--cluster-yes"],
+                    capture_output=True,
+                    timeout=60,
+                )  # fmt: skip
+                if created.returncode == 0:
+                    break
+                said = (created.stdout + created.stderr).decode(errors="replace")[-2000:]
+            # Free ports are picked one at a time: two nodes may have drawn the same one, or
+            # another process taken one since.
             self.stop()
             if attempt == 2:
-                said = (created.stdout + created.stderr).decode(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-cli --cluster create failed: {said}")
+                raise RuntimeError(f"the Redis Cluster did not start: {said}")
             self.nodes = [RedisServer(args=_node_options()) for _ in range(6)]
         self.wait_healthy()
 

@@ -115,9 +115,15 @@ class Storm:
         assert waiter.stats().completed == len(self.keys) and waiter.num_delayed == 0
 
 
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
+def wait_for_port(
+    port: int, timeout: float = 10.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Until something listens on ``port``; ``proc``: the server meant to, which may have
+    exited (its port taken by another process since it was picked)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server for 127.0.0.1:{port} exited ({proc.returncode})")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
@@ -162,7 +168,7 @@ class RedisServer:
             args += ["--requirepass", self.password]
         args += self.args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port)
+        wait_for_port(self.port, proc=self.proc)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
