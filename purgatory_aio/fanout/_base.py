@@ -87,6 +87,9 @@ class FanoutBackend(ABC):
       every watched key; before that, ``host.switched(previous, current)`` when it
       now reaches another server (a failover). It is not called for a member that
       only publishes.
+    * :meth:`take_switch` is asked after each stored batch of a member that only
+      publishes (it has no subscription to notice a failover by): the servers its
+      writes moved between since the last answer, or None.
     * :meth:`close` releases the connections. It may be abandoned after
       :data:`ABANDON_AFTER` seconds, so nothing may depend on it finishing.
 
@@ -124,6 +127,11 @@ class FanoutBackend(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Release the connections."""
+
+    def take_switch(self) -> tuple[str, str] | None:
+        """``(previous, current)`` when the writes now reach another server than at the
+        last call (a failover), else None; an engine without failovers keeps this default."""
+        return None
 
 
 class BackendHost(ABC):

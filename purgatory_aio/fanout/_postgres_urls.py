@@ -100,33 +100,66 @@ def url_options(url: str) -> tuple[str, dict[str, str]]:
 
 
 def url_hosts(url: str) -> list[tuple[str, int | None]]:
-    """The ``(host, port)`` pairs in the address of ``url``, in order (``h1:p1,h2:p2`` names
-    several); empty when the address names none (a host in the query, or a socket)."""
+    """The ``(host, port)`` pairs ``url`` names, in order: in its address (``h1:p1,h2:p2``)
+    or, as libpq also reads them, in its query (``?host=h1,h2&port=p1,p2``, one port for
+    every host or one each); empty when it names none, or a socket directory."""
     shown = redacted(url)
-    hostspec = urlsplit(url).netloc.rpartition("@")[2]
-    if not hostspec:
-        return []
+    parts = urlsplit(url)
+    hostspec = parts.netloc.rpartition("@")[2]
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    named = [value for name, value in query if name == "host"]
+    ported = [value for name, value in query if name == "port"]
+    if len(named) > 1 or len(ported) > 1:
+        raise ValueError(f"the PostgreSQL URL {shown!r} gives host= or port= twice")
+    if hostspec and named:
+        raise ValueError(
+            f"the PostgreSQL URL {shown!r} names hosts both in its address and in host=: "
+            "name them in one place"
+        )
+    if hostspec:
+        return [_address_item(item, hostspec, shown) for item in hostspec.split(",")]
+    if not named or named[0].startswith("/"):
+        return []  # asyncpg's default host, or a socket directory
+    names = named[0].split(",")
+    ports = ported[0].split(",") if ported else []
+    if len(ports) > 1 and len(ports) != len(names):
+        raise ValueError(
+            f"the PostgreSQL URL {shown!r} names {len(names)} hosts in host= but {len(ports)} "
+            "ports in port=: give one port for every host, or one each"
+        )
     hosts: list[tuple[str, int | None]] = []
-    for item in hostspec.split(","):
-        if item.startswith("["):  # an IPv6 address: [::1]:5432
-            host, _, rest = item[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else rest
-        else:
-            host, _, port_text = item.partition(":")
-        if not host:
-            raise ValueError(f"the PostgreSQL URL {shown!r} has an empty host in {hostspec!r}")
-        port: int | None = None
-        if port_text:
-            if not port_text.isdigit() or int(port_text) > 65535:
-                raise ValueError(
-                    f"not a usable PostgreSQL URL: {shown!r} (port {port_text!r} of {host} is "
-                    "not a number from 1 to 65535)"
-                )
-            port = int(port_text)
-            if port == 0:
-                raise ValueError(f"the PostgreSQL URL {shown!r} has port 0: expected 1 to 65535")
-        hosts.append((unquote(host), port))
+    for i, name in enumerate(names):
+        if not name:
+            raise ValueError(f"the PostgreSQL URL {shown!r} has an empty host in {named[0]!r}")
+        port = ports[0] if len(ports) == 1 else ports[i] if ports else ""
+        hosts.append((name, _port(port, name, shown)))
     return hosts
+
+
+def _address_item(item: str, hostspec: str, shown: str) -> tuple[str, int | None]:
+    """One ``host[:port]`` of a URL's address (``[::1]:5432`` for IPv6)."""
+    if item.startswith("["):  # an IPv6 address: [::1]:5432
+        host, _, rest = item[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    else:
+        host, _, port_text = item.partition(":")
+    if not host:
+        raise ValueError(f"the PostgreSQL URL {shown!r} has an empty host in {hostspec!r}")
+    return unquote(host), _port(port_text, host, shown)
+
+
+def _port(text: str, host: str, shown: str) -> int | None:
+    """The port of ``host`` as the URL spells it (None: none given), checked."""
+    if not text:
+        return None
+    if not text.isdigit() or int(text) > 65535:
+        raise ValueError(
+            f"not a usable PostgreSQL URL: {shown!r} (port {text!r} of {host} is "
+            "not a number from 1 to 65535)"
+        )
+    if int(text) == 0:
+        raise ValueError(f"the PostgreSQL URL {shown!r} has port 0: expected 1 to 65535")
+    return int(text)
 
 
 def session_target(url: str, hosts: int) -> str | None:

@@ -28,6 +28,7 @@ class Publisher(FanoutPart):
     _drained: asyncio.Event
     _batch: int
     _closing: bool
+    _subscribe: bool
 
     async def _publisher(self) -> None:
         queue = self._queue
@@ -60,6 +61,11 @@ class Publisher(FanoutPart):
             self._inflight = []
             backoff = 0.05
             self._up()
+            if not self._subscribe:
+                # No subscription to notice a failover by: the engine says where it wrote.
+                switch = self.backend.take_switch()
+                if switch is not None:
+                    self.switched(*switch)
             self._settle_batch(batch, results)
 
     def _settle_batch(self, batch: list[Event], results: Sequence[BaseException | None]) -> None:

@@ -86,6 +86,8 @@ class ClusterBackend(RedisBackend):
         self._next_probe = 0.0
         self._probe_sent: float | None = None  # when the unanswered probe went out
         self._lost = False  # the subscription failed: another node takes it
+        self._switch: tuple[str, str] | None = None  # not yet taken by take_switch()
+        self._gone: set[str] = set()  # masters that left the slots' map, not yet replaced
 
     @property
     def address(self) -> str:
@@ -147,8 +149,11 @@ class ClusterBackend(RedisBackend):
 
     async def _read_slots_if_stale(self) -> None:
         if self._stale:
-            await self._cluster().nodes_manager.initialize()
+            cluster = self._cluster()
+            before = {node.name for node in cluster.get_primaries()}
+            await cluster.nodes_manager.initialize()
             self._stale = False
+            self._note_masters(before, {node.name for node in cluster.get_primaries()})
 
     async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
         cluster = self._cluster()
@@ -183,6 +188,21 @@ class ClusterBackend(RedisBackend):
                     raise RedisConnectionError(f"the cluster is changing: {word} {result}")
                 results[i] = result
         return results
+
+    def _note_masters(self, before: set[str], after: set[str]) -> None:
+        """A master gone and another in its place (a replica promoted): the writes of its
+        slots now reach another server, a switch for a member that only publishes."""
+        # A master may vanish from the slots' map a reading before its replica appears.
+        self._gone = (self._gone | (before - after)) - after
+        new = sorted(after - before)
+        if self._gone and new:
+            first = self._switch[0] if self._switch is not None else ",".join(sorted(self._gone))
+            self._switch = (first, ",".join(new))
+            self._gone = set()
+
+    def take_switch(self) -> tuple[str, str] | None:
+        switch, self._switch = self._switch, None
+        return switch
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
         prefix = self._value_prefix

@@ -51,6 +51,8 @@ class SentinelBackend(RedisBackend):
             list(target.sentinels), sentinel_kwargs=sentinel_options
         )
         self._next_poll = self._next_publish_poll = 0.0
+        self._writing_to: str | None = None  # the master the last stored batch went to
+        self._switch: tuple[str, str] | None = None  # not yet taken by take_switch()
 
     @property
     def address(self) -> str:
@@ -128,7 +130,27 @@ class SentinelBackend(RedisBackend):
 
     async def store_and_publish(self, events: Sequence[Event]) -> list[BaseException | None]:
         await self._follow_master()
-        return await super().store_and_publish(events)
+        results = await super().store_and_publish(events)
+        self._note_writes()
+        return results
+
+    def _note_writes(self) -> None:
+        """Remember the master the sentinels last named (redis-py's pool asks them at each new
+        connection, and _follow_master once a second), and a change of it as a switch."""
+        pool = self._client.connection_pool if self._client is not None else None
+        master = getattr(pool, "master_address", None) if pool is not None else None
+        if not master:
+            return
+        current = f"{master[0]}:{master[1]}"
+        previous, self._writing_to = self._writing_to, current
+        if previous is not None and previous != current:
+            # Two moves before anyone asks: from the first server to the last.
+            first = self._switch[0] if self._switch is not None else previous
+            self._switch = None if first == current else (first, current)
+
+    def take_switch(self) -> tuple[str, str] | None:
+        switch, self._switch = self._switch, None
+        return switch
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
         await self._follow_master()
