@@ -265,16 +265,24 @@ class PostgresServer:
         raise RuntimeError(f"PostgreSQL did not start within {timeout} s:\n{tail}")
 
     def _signal(self, signum: int) -> list[int]:
-        """Send ``signum`` to the postmaster, then to every process it started; their PIDs."""
+        """Send ``signum`` (SIGSTOP or SIGKILL) to every process the postmaster started, then
+        to the postmaster; their PIDs.
+
+        The postmaster is stopped first, so that it starts nothing more and its children are
+        still its own while they are listed: a killed postmaster's children belong to the
+        init process at once, and a frozen server's, stopped, would never notice its death
+        and stay behind for good.
+        """
         if self.proc is None or self.proc.poll() is not None:
             return []
-        pids = [self.proc.pid]
-        os.kill(self.proc.pid, signum)
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        pids = []
         for child in _children(self.proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
                 pids.append(child)
-        return pids
+        os.kill(self.proc.pid, signum)
+        return [self.proc.pid, *pids]
 
     def freeze(self) -> None:
         """SIGSTOP every process of the server: connections stay open, nothing answers."""
