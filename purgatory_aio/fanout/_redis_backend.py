@@ -106,6 +106,7 @@ class RedisBackend(FanoutBackend):
         self._sub_client: aioredis.Redis | None = None
         self._pubsub: PubSub | None = None
         self._primary: str | None = None  # host:port the subscription was last confirmed on
+        self._switch: tuple[str, str] | None = None  # not yet taken by take_switch()
 
     @property
     def address(self) -> str:
@@ -276,6 +277,16 @@ class RedisBackend(FanoutBackend):
 
     async def _follow_primary(self, pubsub: PubSub) -> None:
         """Move a subscription left behind by a failover (a single server has none)."""
+
+    def _note_switch(self, previous: str, current: str) -> None:
+        """The writes moved from ``previous`` to ``current``; two moves before anyone asks
+        are one, from the first server to the last (none if that is where they began)."""
+        first = self._switch[0] if self._switch is not None else previous
+        self._switch = None if first == current else (first, current)
+
+    def take_switch(self) -> tuple[str, str] | None:
+        switch, self._switch = self._switch, None
+        return switch
 
     def _answered(self, data: object) -> None:
         """A ``PING`` sent on the subscription's connection was answered with ``data``."""

@@ -86,7 +86,6 @@ class ClusterBackend(RedisBackend):
         self._next_probe = 0.0
         self._probe_sent: float | None = None  # when the unanswered probe went out
         self._lost = False  # the subscription failed: another node takes it
-        self._switch: tuple[str, str] | None = None  # not yet taken by take_switch()
         self._gone: set[str] = set()  # masters that left the slots' map, not yet replaced
 
     @property
@@ -196,13 +195,8 @@ class ClusterBackend(RedisBackend):
         self._gone = (self._gone | (before - after)) - after
         new = sorted(after - before)
         if self._gone and new:
-            first = self._switch[0] if self._switch is not None else ",".join(sorted(self._gone))
-            self._switch = (first, ",".join(new))
+            self._note_switch(",".join(sorted(self._gone)), ",".join(new))
             self._gone = set()
-
-    def take_switch(self) -> tuple[str, str] | None:
-        switch, self._switch = self._switch, None
-        return switch
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
         prefix = self._value_prefix

@@ -52,7 +52,6 @@ class SentinelBackend(RedisBackend):
         )
         self._next_poll = self._next_publish_poll = 0.0
         self._writing_to: str | None = None  # the master the last stored batch went to
-        self._switch: tuple[str, str] | None = None  # not yet taken by take_switch()
 
     @property
     def address(self) -> str:
@@ -144,13 +143,7 @@ class SentinelBackend(RedisBackend):
         current = f"{master[0]}:{master[1]}"
         previous, self._writing_to = self._writing_to, current
         if previous is not None and previous != current:
-            # Two moves before anyone asks: from the first server to the last.
-            first = self._switch[0] if self._switch is not None else previous
-            self._switch = None if first == current else (first, current)
-
-    def take_switch(self) -> tuple[str, str] | None:
-        switch, self._switch = self._switch, None
-        return switch
+            self._note_switch(previous, current)
 
     async def read(self, keys: Sequence[str], host: BackendHost) -> dict[str, float]:
         await self._follow_master()
