@@ -51,6 +51,7 @@ COMPILED_MODULES = (
     "_timer",
     "_index",
     "_watches",
+    "_stale",
     "_waiters",
     "_owner",
     "_lifecycle",

@@ -97,7 +97,6 @@ class PlainBase:
         "_bucket",
         "_busy",
         "_deadline",
-        "_ident",
         "_keys",
         "_next",
         "_outcome",

@@ -111,14 +111,12 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     #   _outcome   _operation            its result or exception, at settlement
     #   _state     _operation            the state word: transitions, settlement
     #   _waiter    _waiters              the futures of its awaiters
-    #   _ident     _watches              its key in plain watch lists
     #   _store     _watches              where the store holds it
     #   _bucket    _wheels               its timer bucket, and its neighbours there
     #   _prev      _wheels
     #   _next      _wheels
     __slots__ = (
         "_busy",
-        "_ident",
         "_keys",
         "_outcome",
         "_owner",
@@ -127,8 +125,6 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         "_timeout",
         "_waiter",
     )
-    # Set when it first enters a plain watch list (see _watches): its entries' key.
-    _ident: object
 
     op_type: ClassVar[str | None] = None
     offload_callbacks: ClassVar[bool] = False

@@ -1,24 +1,21 @@
 """Where pending operations are watched: per-key watch lists and threshold indexes.
 
-Watch lists are insertion-ordered dicts (one per key), so adding and removing an
-operation is O(1) and a walk visits operations oldest first. A key watched by one
-operation alone (a request id) holds that operation itself instead of a dict of
-one: a dict of one entry is two allocations and ~280 bytes that a key of its own
-would cost every operation (W5: 10 -> 8 allocations per pending operation). They are keyed by a
-serial number the store gives an operation when it first enters one
-(``op._ident``), never by the operation itself: an operation class may define
-``__eq__`` and ``__hash__`` by value (two requests for the same offset compare
-equal) or be unhashable (a ``@dataclass``), and each operation is still watched on
-its own. Operations whose condition is "this key's monotonic value has reached my
-threshold" go into a per-key index ordered by threshold instead (a sorted run plus
-a heap of recent arrivals), so advancing the value takes exactly the operations it
-can satisfy: O(log n + k) for k of them, where a watch list would try all n.
+Watch lists are lists (one per key, oldest first), so watching is an append: no
+hashing of the operation and nothing for the collector to untrack again (a dict
+tracks itself again on every insert, a list does not). A key watched by one
+operation alone (a request id) holds it instead of a list of one. Entries go by
+identity, never by ``__eq__``/``__hash__``: an operation class may compare by value
+or be unhashable (a ``@dataclass``). Operations waiting for a key's monotonic value to
+reach their threshold go into a per-key index ordered by threshold instead, so
+advancing the value takes exactly those it satisfies: O(log n + k).
 
-As in Kafka, an operation settled other than by a walk over one of its keys stays
-in its other watch lists until a walk meets it or a purge removes it; ``watched``
-counts every entry actually held, stale or not, and is never estimated. A purge
-runs once more than ``purge_interval`` entries are stale (or that many
-operations are waiting to be purged) and visits only those operations.
+As in Kafka, entries are removed lazily: an operation settled other than by a walk
+over one of its keys stays in its other lists until a walk over the key or a purge
+compacts them; ``watched`` counts every entry actually held, never estimated. A
+purge runs once more than ``purge_interval`` entries are stale (or that many
+operations wait for it). While what is watched is small next to what is stale, it
+sweeps every list (Kafka's purge, no lookup); beyond, it compacts only the lists of
+the keys of the operations waiting for it (a million parked operations).
 
 Every method is for the loop thread and safe to call re-entrantly from inside
 the callbacks a walk runs: walks work on snapshots, and each entry is removed
@@ -36,6 +33,7 @@ from ._index import ThresholdIndex
 from ._keys import bad_key, looked_up
 from ._logging import get_logger
 from ._operation import try_guarded
+from ._stale import drop_ended, purge
 from ._states import (
     COMPLETED,
     ENDED,
@@ -68,16 +66,15 @@ _log: Final = get_logger("purgatory_aio.purgatory")
 #: when it loses its last one (see :meth:`WatchStore.add_listener`).
 KeyListener = Callable[[Hashable, bool], object]
 
-# Statics in the compiled build (a C call each, no lookup); None in the pure build.
-# The containers holding pending operations are kept out of the cyclic GC as well (see
-# _gc): a full collection traversing them would read the header of every operation they
-# hold, tracked or not, a cache miss each. A dict tracks itself again whenever an
-# operation (a container) is put in it, so each insertion is followed by an untrack.
+# A static in the compiled build, None in the pure one. The containers holding pending
+# operations are kept out of the cyclic GC (see _gc): a full collection would read the
+# header of every operation they hold, a cache miss each.
 _untrack_container: Final = _gc.untrack_container
 
 
-#: A watch list of two or more operations, by their ``_ident``.
-WatchList = dict[object, "DelayedOperation[Any]"]
+#: A key's watch list: two or more operations (one, for a moment, after an undone watch),
+#: oldest first, stale entries included until a walk or a purge compacts it.
+WatchList = list["DelayedOperation[Any]"]
 
 
 class WatchStore:
@@ -91,15 +88,13 @@ class WatchStore:
         "lists",
         "live",
         "purged",
-        "serial",
         "values",
         "walks",
         "watched",
     )
 
     def __init__(self, purge_interval: int) -> None:
-        # key -> {op._ident: op}
-        # key -> the operation alone under it, or {op._ident: op} for two or more
+        # key -> the operation alone under it, or a list of two or more, oldest first
         self.lists: dict[Hashable, WatchList | DelayedOperation[Any]] = {}
         self.indexes: dict[Hashable, ThresholdIndex] = {}
         # The walks of advance_key under way, per key (nested ones when a callback
@@ -110,14 +105,6 @@ class WatchStore:
         self.live = 0  # entries of operations not yet retired
         self.dirty: list[DelayedOperation[Any]] = []  # retired, maybe still held
         self.purged = 0
-        # The last ``_ident`` given: a serial number, unique among the operations this
-        # store holds, given where an operation enters its first list (in line there:
-        # the admission's one call less). Boxed once, as ``object``, so that every dict
-        # operation on it hashes the same int object: 28 bytes per watched operation.
-        # Not ``id(op)``: addresses are multiples of 16 and an int hashes to itself, so
-        # ids pile up in a sixteenth of a dict's slots (W1 cost 1.6k more instructions
-        # per operation with them, callgrind); consecutive serials fill the slots evenly.
-        self.serial = 0
         # key -> the highest value advance() was given while the key held entries; dropped
         # with the key's last entry, so it costs memory only for keys that are watched.
         self.values: dict[Hashable, float] = {}
@@ -164,7 +151,7 @@ class WatchStore:
             return
         self._notify(key, True)
 
-    def _release(self, key: Hashable) -> None:
+    def release(self, key: Hashable) -> None:
         """A list, index or walk of ``key`` is gone: forget the key if that was its last.
 
         Callers skip the call when no value is recorded and nobody listens: a W1-style
@@ -188,10 +175,6 @@ class WatchStore:
     def watch(self, op: DelayedOperation[Any], keys: tuple[Hashable, ...]) -> None:
         """Put ``op`` in the watch list of every key (keys validated and distinct)."""
         lists = self.lists
-        serial = self.serial + 1
-        self.serial = serial
-        ident: object = serial
-        op._ident = ident
         grew = False
         gained: list[Hashable] | None = None
         for key in keys:
@@ -203,12 +186,12 @@ class WatchStore:
                     if gained is None:
                         gained = []
                     gained.append(key)
-            elif type(held) is dict:
-                held[ident] = op
-                if _untrack_container is not None:
-                    _untrack_container(held)
+            elif type(held) is list:
+                # An append: no hashing, and a list does not track itself again when an
+                # operation goes in (a dict does), so no untrack follows.
+                held.append(op)
             else:
-                self._second(key, held, ident, op)  # type: ignore[arg-type]
+                self._second(key, held, op)  # type: ignore[arg-type]
                 grew = True
         if grew and _untrack_container is not None:
             _untrack_container(lists)
@@ -221,50 +204,70 @@ class WatchStore:
                 self._gained(key, True)
 
     def _second(
-        self, key: Hashable, alone: DelayedOperation[Any], ident: object, op: DelayedOperation[Any]
+        self, key: Hashable, alone: DelayedOperation[Any], op: DelayedOperation[Any]
     ) -> None:
-        """A second operation under a key that held one alone: the key gets a dict."""
-        watch_list = self.lists[key] = {alone._ident: alone, ident: op}
+        """A second operation under a key that held one alone: the key gets a list."""
+        watch_list = [alone, op]
         if _untrack_container is not None:
             _untrack_container(watch_list)
+        self.lists[key] = watch_list
 
-    def discard(self, key: Hashable, op: DelayedOperation[Any]) -> bool:
-        """Remove ``op``'s entry under ``key`` if it is there, and uncount it (True if
-        it was there): for the walks, which drop the entries of the operations they
-        find settled, and for the purge."""
+    def compact(self, key: Hashable) -> int:
+        """Drop the entries under ``key`` of operations that have ended (completed or
+        cancelled), uncounted; how many were dropped. A list left with one operation
+        becomes that operation alone again."""
         lists = self.lists
         held = lists.get(key)
-        if held is op:
+        if held is None:
+            return 0
+        if type(held) is not list:
+            if not held._state & ENDED:  # type: ignore[union-attr]
+                return 0
             del lists[key]
             self.watched -= 1
             if self.values or self.listeners:
-                self._release(key)
-            return True
-        if type(held) is not dict:
-            return False
+                self.release(key)
+            return 1
         watch_list: WatchList = held
-        ident = op._ident
-        if ident not in watch_list:
-            return False
-        del watch_list[ident]
-        self.watched -= 1
-        if not watch_list:
-            del lists[key]
-            if self.values or self.listeners:
-                self._release(key)
-        return True
+        dropped = drop_ended(watch_list)
+        if dropped:
+            self.watched -= dropped
+            if len(watch_list) < 2:
+                self.shrunk(key, watch_list)
+        return dropped
+
+    def shrunk(self, key: Hashable, watch_list: WatchList) -> None:
+        """``key``'s list was compacted to one operation or none (its entries uncounted
+        already): the operation is held alone again, or the key is forgotten."""
+        if watch_list:
+            self.lists[key] = watch_list[0]
+            if _untrack_container is not None:
+                _untrack_container(self.lists)  # a tracked value tracks the dict again
+            return
+        del self.lists[key]
+        if self.values or self.listeners:
+            self.release(key)
 
     def unwatch(self, op: DelayedOperation[Any], keys: tuple[Hashable, ...]) -> None:
         """Undo a :meth:`watch` that raised part-way: take ``op`` out of every list it got
-        into (nothing was counted yet)."""
-        if getattr(op, "_ident", None) is None:
-            return  # it failed before its first entry
+        into (nothing was counted yet). It went in last, so each list is searched from
+        its end, by identity."""
+        lists = self.lists
         for key in keys:
             try:
-                if self.discard(key, op):
-                    self.watched += 1  # never counted: watch raised before it counted
+                held = lists.get(key)
             except Exception:  # the lookup that failed in watch: nothing is held under it
                 continue
+            if held is op:
+                del lists[key]
+            elif type(held) is list:
+                watch_list: WatchList = held
+                for i in range(len(watch_list) - 1, -1, -1):
+                    if watch_list[i] is op:
+                        del watch_list[i]
+                        break
+                if not watch_list:
+                    del lists[key]
 
     def watch_threshold(
         self, op: DelayedOperation[Any], key: Hashable, threshold: float
@@ -315,14 +318,18 @@ class WatchStore:
         if held is not None:
             # The key's one operation, or a snapshot of its list of two or more.
             ops: tuple[DelayedOperation[Any], ...] = (
-                tuple(held.values()) if type(held) is dict else (held,)  # type: ignore[assignment]
+                tuple(held) if type(held) is list else (held,)  # type: ignore[assignment]
             )
+            stale = False
             for op in ops:
                 if op._state & ENDED:
-                    self.discard(key, op)  # a stale entry
+                    stale = True
                 elif try_guarded(op):
                     completed += 1
-                    self.discard(key, op)
+            if completed or stale:
+                # One pass drops the entries of whatever ended meanwhile (these tries,
+                # or the callbacks they ran), rather than one delete per operation.
+                self.compact(key)
         if index is not None or walks is not None:
             completed += _try_indexed(index, walks)
         return completed
@@ -359,19 +366,12 @@ class WatchStore:
 
     def begin_walk(self, key: Hashable, value: float) -> list[DelayedOperation[Any]] | None:
         """``key``'s value reached ``value``: take the operations whose threshold it
-        meets out of the index, for the caller to try (lowest threshold first), or
-        None if there are none.
-
-        They leave the index for a walk registered under the key *before* any is
-        tried, so whatever the callbacks do meanwhile finds every one of them
-        (``cancel_for_key(key)`` takes them, ``check_and_complete(key)`` tries
-        them). The caller reports each one it finds ended after its try
-        (:meth:`walked`) and ends the walk with those left (:meth:`end_walk`).
-
-        A walk rather than a move into the plain watch list before the tries: a
-        completed operation then costs no dict insert, lookup and delete, and no
-        visit by the purge (its entry is dropped by the walk). In W2 at P = 100k
-        that is 1.3k of the 7.5k instructions per completed operation (callgrind).
+        meets out of the index (lowest first) into a walk registered under the key
+        before any is tried, so that callbacks find them all (``cancel_for_key``
+        takes them, ``check_and_complete`` tries them); None if there are none. The
+        caller reports each found ended after its try (:meth:`walked`) and ends the
+        walk with the rest (:meth:`end_walk`). Moving them into the watch list instead
+        cost 1.3k of W2's 7.5k instructions per completed operation (callgrind).
         """
         values = self.values
         known = values.get(key)
@@ -384,7 +384,7 @@ class WatchStore:
         if not reached:
             if not len(index) and self.indexes.get(key) is index:
                 del self.indexes[key]
-                self._release(key)
+                self.release(key)
             return None
         if not len(index) and self.indexes.get(key) is index:
             del self.indexes[key]  # the walk registered below holds the key meanwhile
@@ -437,25 +437,21 @@ class WatchStore:
                 self.walked(op)
                 continue
             # walk entry -> list entry: counts unchanged
-            serial = self.serial + 1
-            self.serial = serial
-            ident: object = serial
-            op._ident = ident
             held = lists.get(key)
             if held is None:
                 lists[key] = op
-            elif type(held) is dict:
-                held[ident] = op
                 if _untrack_container is not None:
-                    _untrack_container(held)
+                    _untrack_container(lists)
+            elif type(held) is list:
+                held.append(op)
             else:
-                self._second(key, held, ident, op)  # type: ignore[arg-type]
-            if _untrack_container is not None:
-                _untrack_container(lists)
+                self._second(key, held, op)  # type: ignore[arg-type]
+                if _untrack_container is not None:
+                    _untrack_container(lists)
             op._store = IN_WATCH_LISTS
             placed = True
         if not placed and (self.values or self.listeners):
-            self._release(key)
+            self.release(key)
 
     def take(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """Remove and return every operation held under ``key`` (for cancel_for_key).
@@ -465,9 +461,9 @@ class WatchStore:
         """
         ops: list[DelayedOperation[Any]] = []
         held = self.lists.pop(key, None)
-        if type(held) is dict:
+        if type(held) is list:
             watch_list: WatchList = held
-            ops.extend(watch_list.values())
+            ops.extend(watch_list)
             self.watched -= len(watch_list)
             watch_list.clear()
         elif held is not None:
@@ -487,7 +483,7 @@ class WatchStore:
                         self.watched -= 1
                         ops.append(op)
         if (held is not None or index is not None) and (self.values or self.listeners):
-            self._release(key)
+            self.release(key)
         return ops
 
     # -- retiring and purging ----------------------------------------------------------------
@@ -510,40 +506,12 @@ class WatchStore:
         dirty.append(op)
         limit = self.limit
         if len(dirty) > limit or self.watched - self.live > limit:
-            self.purge()
-
-    def purge(self) -> None:
-        """Remove the entries of retired operations."""
-        indexes = self.indexes
-        removed = 0
-        dirty, self.dirty = self.dirty, []
-        for op in dirty:
-            keys = op._keys
-            if op._store == IN_THRESHOLD_INDEX:
-                index = indexes.get(keys[0])
-                if index is not None:
-                    index.stale += 1
-                continue
-            for key in keys:
-                if self.discard(key, op):
-                    removed += 1
-        self.purged += removed
-        if self.watched - self.live > self.limit:
-            # Stale threshold entries are what is left: compact the indexes holding them.
-            for key, index in list(indexes.items()):
-                if index.stale:
-                    dropped = index.compact()
-                    self.watched -= dropped
-                    self.purged += dropped
-                    if not len(index):
-                        del indexes[key]
-                        if self.values or self.listeners:
-                            self._release(key)
+            purge(self)
 
     def containers(self) -> list[object]:
         """The containers holding watched operations: watch lists and index entries."""
         held: list[object] = [self.lists]
-        held.extend(entry for entry in self.lists.values() if type(entry) is dict)
+        held.extend(entry for entry in self.lists.values() if type(entry) is list)
         for index in self.indexes.values():
             held += (index.ops, index.fresh)
             held.extend(index.fresh)
