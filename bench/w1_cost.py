@@ -66,7 +66,7 @@ LIBRARY_FUNCTIONS = (
     ("_operation___completed", "  completed (aftermath; user's on_complete inside)"),
     ("_wheels___Wheels___remove_entry", "    Wheels.remove_entry"),
     ("_watches___WatchStore___retire", "    WatchStore.retire (purges: drops, frees ops)"),
-    ("_watches___WatchStore___discard", "      WatchStore.discard (3 keys)"),
+    ("_stale___purge", "      purge (sweeps or compacts the lists)"),
     ("_operation___settle", "    settle"),
     ("_operation___DelayedOperation_____init__", "DelayedOperation.__init__ (in class)"),
 )

@@ -26,8 +26,9 @@ class TimerEntry:
     """Something the timer can hold: a deadline, its bucket, and what to do when due.
 
     Subclasses implement :meth:`_fire`. The timer's wheels (``_wheels``) own
-    ``_bucket``, ``_prev`` and ``_next`` (the links of the entry in its bucket) and set
-    ``_deadline`` when it is added.
+    ``_bucket``, ``_prev`` and ``_next`` (the links of the entry in its bucket); the
+    entry's ``_deadline`` is set by whoever adds it (an operation's lifecycle, a
+    handle itself), and the wheels place the entry by it without ever writing it.
     """
 
     __slots__ = ("_bucket", "_deadline", "_next", "_prev")
@@ -52,8 +53,9 @@ class TimerHandle(TimerEntry):
     __slots__ = ("_args", "_callback", "_state", "_timer")
 
     def __init__(
-        self, timer: Timer, callback: Callable[..., object], args: tuple[Any, ...]
+        self, timer: Timer, callback: Callable[..., object], args: tuple[Any, ...], when: float
     ) -> None:
+        self._deadline = when
         self._bucket = None
         self._timer = timer
         self._callback: Callable[..., object] | None = callback
@@ -96,6 +98,7 @@ class TimerHandle(TimerEntry):
         if self._bucket is not None:
             timer.remove_entry(self)
         self._state = _PENDING
+        self._deadline = when
         timer.add_entry(self, when)
 
     def _fire(self) -> None:

@@ -104,8 +104,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     #   _owner     _lifecycle            its purgatory's lifecycle from admission on
     #                                    (and the detached owner again if refused)
     #   _keys      _lifecycle            the keys it was handed over with
-    #   _deadline  _lifecycle, _wheels   when it expires (set at admission, for its tries;
-    #                                    the timer's add_entry sets every entry's)
+    #   _deadline  _lifecycle            when it expires, stamped at admission before its
+    #                                    tries (the timer places it by it, never writes it)
     #   _busy      _operation, _lifecycle  a try of it is under way (try_guarded, and
     #                                    its two copies in the admission)
     #   _outcome   _operation            its result or exception, at settlement

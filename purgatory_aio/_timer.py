@@ -173,7 +173,7 @@ class Timer(Wheels):
         if when >= self.horizon:
             self.beyond(delay)
         self.check_loop()
-        handle = TimerHandle(self, callback, args)
+        handle = TimerHandle(self, callback, args, when)
         self.add_entry(handle, when)
         return handle
 
@@ -197,10 +197,11 @@ class Timer(Wheels):
                 f"(up to {horizon:.6g} on its clock; a finer tick shortens that)"
             )
         self.check_loop()
-        handle = TimerHandle(self, callback, args)
         # Below -horizon the tick arithmetic of add_entry would leave the float range
         # (-1e306 / 1 ms is -inf) after the entry was counted.
-        self.add_entry(handle, instant if instant > -horizon else -horizon)
+        deadline = instant if instant > -horizon else -horizon
+        handle = TimerHandle(self, callback, args, deadline)
+        self.add_entry(handle, deadline)
         return handle
 
     def check_loop(self) -> None:

@@ -270,8 +270,9 @@ class Wheels:
     # and no other method of the timer's internals.
 
     def add_entry(self, entry: TimerEntry, deadline: float, not_before: int = NEW) -> None:
-        """Place ``entry`` due at ``deadline``; the caller has validated it and checked
-        that it runs on this timer's loop (or on a loop, for the first add ever).
+        """Place ``entry`` due at ``deadline`` (its ``_deadline``, which the caller set:
+        the wheels never write it); the caller has validated it and checked that it runs
+        on this timer's loop (or on a loop, for the first add ever).
 
         The one placement: of an added entry (``not_before`` left as :data:`NEW`: it is
         counted and placed from the wheel's current tick on), and, by the timer's own
@@ -285,7 +286,6 @@ class Wheels:
             if not self._count:
                 self._leave_idle()
             self._count += 1
-            entry._deadline = deadline
             not_before = self._level0.current
         # ceil(deadline / tick), the first tick not before the deadline, with a
         # multiplication and a truncation rather than float division and math.ceil.

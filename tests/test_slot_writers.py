@@ -21,8 +21,10 @@ from purgatory_aio import _operation
 PACKAGE = Path(purgatory_aio.__file__).resolve().parent
 #: The classes whose ``self.<slot> = ...`` are writes to an operation's (or entry's) slots.
 ENTRY_CLASSES = {"DelayedOperation", "TimerEntry", "TimerHandle"}
-#: The slots TimerHandle shares with operations (its other attributes are its own).
-ENTRY_SLOTS = {"_bucket", "_deadline", "_next", "_prev"}
+#: The slots the timer's wheels write on every entry, handles and operations alike. A
+#: handle's ``_deadline`` is its own (its constructor and ``reschedule`` set it), as its
+#: other attributes are; an operation's is the table's.
+ENTRY_SLOTS = {"_bucket", "_next", "_prev"}
 ROW = re.compile(r"^\s*#\s{3}(_\w+)\s+(\S+(?:, \S+)*)(?:\s{2,}.*)?$")
 
 

@@ -20,6 +20,7 @@ class Entry(TimerEntry):
 
     def __init__(self, n: int) -> None:
         self._bucket = None
+        self._deadline = 5.0  # what it is added at: set by whoever adds an entry
         self.n = n
 
 
