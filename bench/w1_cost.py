@@ -97,6 +97,7 @@ class PlainBase:
         "_bucket",
         "_busy",
         "_deadline",
+        "_ident",
         "_keys",
         "_next",
         "_outcome",
@@ -116,6 +117,7 @@ class PlainBase:
         self._owner = None
         self._keys = ()
         self._store = 0
+        self._ident = None
         self._waiter = None
         self._outcome = None
 

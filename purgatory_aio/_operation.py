@@ -112,11 +112,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     #   _state     _operation            the state word: transitions, settlement
     #   _waiter    _waiters              the futures of its awaiters
     #   _store     _watches              where the store holds it
+    #   _ident     _watches              its serial number in long watch lists
     #   _bucket    _wheels               its timer bucket, and its neighbours there
     #   _prev      _wheels
     #   _next      _wheels
     __slots__ = (
         "_busy",
+        "_ident",
         "_keys",
         "_outcome",
         "_owner",
@@ -176,6 +178,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._owner: Owner = DETACHED
         self._keys: tuple[Hashable, ...] = ()
         self._store = NOT_WATCHED  # where the watch store holds it (see _watches)
+        self._ident: object = None  # its key in long watch lists, once in one
         self._waiter: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
         self._outcome: Any = None
 

@@ -33,7 +33,7 @@ from ._index import ThresholdIndex
 from ._keys import bad_key, looked_up
 from ._logging import get_logger
 from ._operation import try_guarded
-from ._stale import drop_ended, purge
+from ._stale import drop_ended, drop_ended_by_identity, purge
 from ._states import (
     COMPLETED,
     ENDED,
@@ -75,6 +75,10 @@ _untrack_container: Final = _gc.untrack_container
 #: A key's watch list: two or more operations (one, for a moment, after an undone watch),
 #: oldest first, stale entries included until a walk or a purge compacts it.
 WatchList = list["DelayedOperation[Any]"]
+#: A long watch list, once a purge has found it long (see _stale): the same operations,
+#: oldest first, by the serial number the store gives each (``op._ident``), so that the
+#: purge drops an entry in O(1).
+WatchDict = dict[object, "DelayedOperation[Any]"]
 
 
 class WatchStore:
@@ -88,6 +92,7 @@ class WatchStore:
         "lists",
         "live",
         "purged",
+        "serial",
         "values",
         "walks",
         "watched",
@@ -95,7 +100,7 @@ class WatchStore:
 
     def __init__(self, purge_interval: int) -> None:
         # key -> the operation alone under it, or a list of two or more, oldest first
-        self.lists: dict[Hashable, WatchList | DelayedOperation[Any]] = {}
+        self.lists: dict[Hashable, WatchList | WatchDict | DelayedOperation[Any]] = {}
         self.indexes: dict[Hashable, ThresholdIndex] = {}
         # The walks of advance_key under way, per key (nested ones when a callback
         # advances the same key again): the operations each took out of the index.
@@ -105,6 +110,8 @@ class WatchStore:
         self.live = 0  # entries of operations not yet retired
         self.dirty: list[DelayedOperation[Any]] = []  # retired, maybe still held
         self.purged = 0
+        # The last serial number given to an operation entering a long list (see ident).
+        self.serial = 0
         # key -> the highest value advance() was given while the key held entries; dropped
         # with the key's last entry, so it costs memory only for keys that are watched.
         self.values: dict[Hashable, float] = {}
@@ -190,8 +197,12 @@ class WatchStore:
                 # An append: no hashing, and a list does not track itself again when an
                 # operation goes in (a dict does), so no untrack follows.
                 held.append(op)
+            elif type(held) is dict:
+                held[self.ident(op)] = op
+                if _untrack_container is not None:
+                    _untrack_container(held)
             else:
-                self._second(key, held, op)  # type: ignore[arg-type]
+                self.place(key, op)  # a second operation: the key gets a list
                 grew = True
         if grew and _untrack_container is not None:
             _untrack_container(lists)
@@ -203,14 +214,48 @@ class WatchStore:
             for key in gained:
                 self._gained(key, True)
 
-    def _second(
-        self, key: Hashable, alone: DelayedOperation[Any], op: DelayedOperation[Any]
-    ) -> None:
-        """A second operation under a key that held one alone: the key gets a list."""
-        watch_list = [alone, op]
+    def place(self, key: Hashable, op: DelayedOperation[Any]) -> None:
+        """Add ``op`` to ``key``'s watch list, uncounted (what :meth:`watch` does per key,
+        in line there)."""
+        lists = self.lists
+        held = lists.get(key)
+        if held is None:
+            lists[key] = op
+        elif type(held) is list:
+            held.append(op)
+            return
+        elif type(held) is dict:
+            held[self.ident(op)] = op
+            if _untrack_container is not None:
+                _untrack_container(held)
+            return
+        else:  # a second operation: the key gets a list
+            watch_list = [held, op]
+            if _untrack_container is not None:
+                _untrack_container(watch_list)
+            lists[key] = watch_list  # type: ignore[assignment]
         if _untrack_container is not None:
-            _untrack_container(watch_list)
-        self.lists[key] = watch_list
+            _untrack_container(lists)
+
+    def ident(self, op: DelayedOperation[Any]) -> object:
+        """``op``'s key in long watch lists (dicts): a serial number, given once. Not
+        ``id(op)``: a fresh int compares by value with the one stored (the boxed serial
+        is the very object), and addresses, multiples of 16, crowd a dict's slots."""
+        ident = op._ident
+        if ident is None:
+            serial = self.serial + 1
+            self.serial = serial
+            ident = serial
+            op._ident = ident
+        return ident
+
+    def hold_by_identity(self, key: Hashable, watch_list: WatchList) -> None:
+        """``key``'s list is long (a purge by keys found it so): hold it as a dict of the
+        same operations by their serial numbers, oldest first, untracked as it was."""
+        by_identity: WatchDict = {self.ident(op): op for op in watch_list}
+        if _untrack_container is not None:
+            _untrack_container(by_identity)
+        self.lists[key] = by_identity
 
     def compact(self, key: Hashable) -> int:
         """Drop the entries under ``key`` of operations that have ended (completed or
@@ -220,7 +265,11 @@ class WatchStore:
         held = lists.get(key)
         if held is None:
             return 0
-        if type(held) is not list:
+        if type(held) is list:
+            dropped = drop_ended(held)
+        elif type(held) is dict:
+            dropped = drop_ended_by_identity(held)
+        else:
             if not held._state & ENDED:  # type: ignore[union-attr]
                 return 0
             del lists[key]
@@ -228,19 +277,18 @@ class WatchStore:
             if self.values or self.listeners:
                 self.release(key)
             return 1
-        watch_list: WatchList = held
-        dropped = drop_ended(watch_list)
         if dropped:
             self.watched -= dropped
-            if len(watch_list) < 2:
-                self.shrunk(key, watch_list)
+            if len(held) < 2:
+                self.shrunk(key, held)
         return dropped
 
-    def shrunk(self, key: Hashable, watch_list: WatchList) -> None:
+    def shrunk(self, key: Hashable, left: WatchList | WatchDict | tuple[()]) -> None:
         """``key``'s list was compacted to one operation or none (its entries uncounted
         already): the operation is held alone again, or the key is forgotten."""
-        if watch_list:
-            self.lists[key] = watch_list[0]
+        if left:
+            ops: WatchList = list(left.values()) if type(left) is dict else left  # type: ignore[assignment]
+            self.lists[key] = ops[0]
             if _untrack_container is not None:
                 _untrack_container(self.lists)  # a tracked value tracks the dict again
             return
@@ -267,6 +315,13 @@ class WatchStore:
                         del watch_list[i]
                         break
                 if not watch_list:
+                    del lists[key]
+            elif type(held) is dict:
+                by_identity: WatchDict = held
+                ident = op._ident
+                if ident in by_identity:
+                    del by_identity[ident]
+                if not by_identity:
                     del lists[key]
 
     def watch_threshold(
@@ -317,9 +372,13 @@ class WatchStore:
         completed = 0
         if held is not None:
             # The key's one operation, or a snapshot of its list of two or more.
-            ops: tuple[DelayedOperation[Any], ...] = (
-                tuple(held) if type(held) is list else (held,)  # type: ignore[assignment]
-            )
+            ops: tuple[DelayedOperation[Any], ...]
+            if type(held) is list:
+                ops = tuple(held)
+            elif type(held) is dict:
+                ops = tuple(held.values())
+            else:
+                ops = (held,)  # type: ignore[assignment]
             stale = False
             for op in ops:
                 if op._state & ENDED:
@@ -428,7 +487,6 @@ class WatchStore:
                     break
             if not walks:
                 del self.walks[key]
-        lists = self.lists
         placed = False
         for op in left:
             if op._store != IN_WALK:
@@ -436,18 +494,7 @@ class WatchStore:
             if op._state & ENDED:
                 self.walked(op)
                 continue
-            # walk entry -> list entry: counts unchanged
-            held = lists.get(key)
-            if held is None:
-                lists[key] = op
-                if _untrack_container is not None:
-                    _untrack_container(lists)
-            elif type(held) is list:
-                held.append(op)
-            else:
-                self._second(key, held, op)  # type: ignore[arg-type]
-                if _untrack_container is not None:
-                    _untrack_container(lists)
+            self.place(key, op)  # walk entry -> list entry: counts unchanged
             op._store = IN_WATCH_LISTS
             placed = True
         if not placed and (self.values or self.listeners):
@@ -466,6 +513,11 @@ class WatchStore:
             ops.extend(watch_list)
             self.watched -= len(watch_list)
             watch_list.clear()
+        elif type(held) is dict:
+            by_identity: WatchDict = held
+            ops.extend(by_identity.values())
+            self.watched -= len(by_identity)
+            by_identity.clear()
         elif held is not None:
             ops.append(held)  # type: ignore[arg-type]
             self.watched -= 1
@@ -511,7 +563,7 @@ class WatchStore:
     def containers(self) -> list[object]:
         """The containers holding watched operations: watch lists and index entries."""
         held: list[object] = [self.lists]
-        held.extend(entry for entry in self.lists.values() if type(entry) is list)
+        held.extend(entry for entry in self.lists.values() if type(entry) in (list, dict))
         for index in self.indexes.values():
             held += (index.ops, index.fresh)
             held.extend(index.fresh)

@@ -155,16 +155,17 @@ async def test_operations_ended_by_a_walks_callbacks_are_dropped_with_it() -> No
         assert p.watched == 0 and p.stats().watched_keys == 0
 
 
+class Touchy:
+    """Hashes like 1 and refuses to be compared: the lookup under it raises."""
+
+    def __hash__(self) -> int:
+        return hash(1)
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+
 async def test_a_refused_watch_leaves_no_entry_in_lists_it_entered() -> None:
-    class Touchy:
-        """Hashes like 1 and refuses to be compared: the lookup under it raises."""
-
-        def __hash__(self) -> int:
-            return hash(1)
-
-        def __eq__(self, other: object) -> bool:
-            raise RuntimeError("no comparing me")
-
     async with Purgatory("refused", clock=ManualClock()) as p:
         a, b = MockOperation(1.0), MockOperation(1.0)
         await p.try_complete_else_watch(a, ["shared", 1])
@@ -179,3 +180,58 @@ async def test_a_refused_watch_leaves_no_entry_in_lists_it_entered() -> None:
         async with Purgatory("other", clock=ManualClock()) as q:
             b.completable = True
             assert await q.try_complete_else_watch(b, ["k"])
+
+
+async def test_a_hot_key_of_a_large_purgatory_keeps_every_guarantee() -> None:
+    # 2,000 parked operations make the purgatory large next to what is stale, so its
+    # purges go by keys; the hot key's list (400 operations) is then held by identity.
+    seen: list[str] = []
+    async with Purgatory("hot", clock=ManualClock(), purge_interval=10) as p:
+        for i in range(2_000):
+            await p.try_complete_else_watch(MockOperation(1.0), [f"parked-{i}"])
+        hot = [Recording(f"{i:03}", seen) for i in range(400)]
+        for op in hot:
+            await p.try_complete_else_watch(op, ["hot", f"own-{op.name}"])
+        for op in hot[::3]:
+            assert op.force_complete()  # purges run: the hot list is long
+        for op in hot[1::7]:
+            op.cancel()
+        live = [op for op in hot if not op.done()]
+        assert 0 <= p.watched - (2_000 + 2 * len(live)) <= 10 + 2
+        # A walk tries what is left, oldest first, once each.
+        seen.clear()
+        assert p.check_and_complete("hot") == 0
+        assert seen == [op.name for op in live]
+        # Late arrivals join the same key and are tried after the others.
+        late = Recording("late", seen)
+        await p.try_complete_else_watch(late, ["hot"])
+        seen.clear()
+        p.check_and_complete("hot")
+        assert seen == [*(op.name for op in live), "late"]
+        # A refused watch leaves nothing behind in the hot key: it went in there, then
+        # comparing its other key with one watched raised.
+        one = MockOperation(1.0)
+        await p.try_complete_else_watch(one, [1])
+        with pytest.raises(TypeError):
+            await p.try_complete_else_watch(MockOperation(1.0), ["hot", Touchy()])
+        one.cancel()
+        # An operation declining at its threshold becomes a plain watcher of the key.
+        indexed = Recording("indexed", seen)
+        await p.watch_threshold(indexed, "hot", 5)
+        assert p.advance_key("hot", 10) == 0
+        seen.clear()
+        p.check_and_complete("hot")
+        assert seen == [*(op.name for op in live), "late", "indexed"]
+        # Half of them complete through the walk; cancel_for_key takes the rest.
+        for op in live[::2]:
+            op.completable = True
+        assert p.check_and_complete("hot") == len(live[::2])
+        taken = p.cancel_for_key("hot")
+        assert sorted(op.name for op in taken) == sorted(
+            [*(op.name for op in live[1::2]), "late", "indexed"]
+        )
+        assert all(op.done() for op in hot)
+        for i in range(400):
+            p.check_and_complete(f"own-{i:03}")
+        p.check_and_complete(1)
+        assert p.watched == 2_000
