@@ -78,7 +78,7 @@ def purge(store: WatchStore) -> None:
     dirty, store.dirty = store.dirty, []
     sweep = store.watched <= SWEEP_RATIO * max(store.watched - store.live, len(dirty))
     removed = 0
-    touched: dict[Hashable, None] = {}  # keys of lone operations and short lists
+    touched: dict[Hashable, None] = {}  # keys of short lists
     for op in dirty:
         keys = op._keys
         if op._store == IN_THRESHOLD_INDEX:
@@ -99,7 +99,13 @@ def purge(store: WatchStore) -> None:
                     store.watched -= 1
                     if len(by_identity) < 2:
                         store.shrunk(key, by_identity)
-            elif held is not None:
+            elif held is op:  # alone under its key
+                del lists[key]
+                removed += 1
+                store.watched -= 1
+                if store.values or store.listeners:
+                    store.release(key)
+            elif type(held) is list:
                 touched[key] = None
     if sweep:
         removed = _sweep(store)
