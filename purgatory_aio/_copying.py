@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
 __all__ = [
-    "check_operation_class",
+    "class_traits",
     "fresh",
     "library_attributes",
     "not_copyable_operation",
@@ -152,21 +152,25 @@ def fresh(cls: type[DelayedOperation[Any]], timeout: float) -> DelayedOperation[
     return op
 
 
-def check_operation_class(cls: type[DelayedOperation[Any]], base: type) -> None:
-    """``base.__init_subclass__`` of a new operation class ``cls``: its flags checked, and
-    what it leaves abstract and how its callbacks run recorded on it."""
+def class_traits(
+    cls: type[DelayedOperation[Any]], base: type
+) -> tuple[tuple[str, ...], bool, bool]:
+    """For ``base.__init_subclass__`` of a new operation class ``cls``, its flags checked:
+    the abstract methods it leaves unimplemented, and whether its ``on_complete`` and its
+    ``on_expiration`` are coroutine functions."""
     if not isinstance(cls.untrack_while_pending, bool):
         raise TypeError(
             f"{cls.__name__}.untrack_while_pending must be True or False, "
             f"got {cls.untrack_while_pending!r}"
         )
-    cls._unimplemented = tuple(
+    unimplemented = tuple(
         name for name in ("on_complete", "try_complete") if _is_abstract(cls, base, name)
     )
-    cls._async_complete = inspect.iscoroutinefunction(cls.on_complete)
-    cls._async_expire = inspect.iscoroutinefunction(cls.on_expiration)
-    cls._inline_complete = not (cls._async_complete or cls.offload_callbacks)
-    cls._inline_expire = cls._inline_complete and not cls._async_expire
+    return (
+        unimplemented,
+        inspect.iscoroutinefunction(cls.on_complete),
+        inspect.iscoroutinefunction(cls.on_expiration),
+    )
 
 
 def _is_abstract(cls: type, base: type, name: str) -> bool:

@@ -65,8 +65,7 @@ R = TypeVar("R")
 
 _get_ident: Final = threading.get_ident
 _running_loop: Final = asyncio._get_running_loop
-#: Whether asyncio's _get_running_loop is a cheap C call here (no getpid(), from 3.12 on).
-_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)
+_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)  # _running_loop: no getpid()
 # Statics in the compiled build (see _gc), so each is one C call; None in the pure build.
 _track: Final = _gc.track
 _untrack: Final = _gc.untrack
@@ -144,7 +143,11 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _copying.check_operation_class(cls, DelayedOperation)
+        cls._unimplemented, cls._async_complete, cls._async_expire = _copying.class_traits(
+            cls, DelayedOperation
+        )
+        cls._inline_complete = not (cls._async_complete or cls.offload_callbacks)
+        cls._inline_expire = cls._inline_complete and not cls._async_expire
 
     def __init__(self, timeout: SupportsFloat) -> None:
         if self._unimplemented:
@@ -464,11 +467,10 @@ def admit(
     Everything is checked before anything changes: a refused operation is left as it
     was, usable elsewhere.
     """
-    # Shut down, or not yet bound: enter() refuses or binds. On the loop's thread, with
-    # it running, the running loop is that one. On 3.11 the loop's is_running is asked:
-    # asyncio's _get_running_loop makes a getpid() call there (137 against 29 + 23 ns).
-    # From 3.12 on that reads a per-thread cache and is asked instead, a C call for a
-    # Python method (W1-cost on 3.12, compiled, asyncio: -507 instructions per operation).
+    # Closed or unbound: enter() refuses or binds. On the loop's thread, with it running,
+    # the running loop is that one. 3.11 asks the loop's is_running: _get_running_loop
+    # makes a getpid() call there (137 against 29 + 23 ns); 3.12 caches it per thread, a C
+    # call for a Python method (W1-cost on 3.12, compiled, asyncio: -507 per operation).
     if (
         life.closed
         or life.thread_id != _get_ident()
@@ -486,16 +488,14 @@ def admit(
     deadline = life.now() + op._timeout
     if deadline >= life.horizon:
         raise life.beyond_horizon(op)
-    # Admitted: the operation is this owner's until it settles. Another thread completing
-    # or cancelling it this very moment may still have read the detached owner: it then
-    # settles it itself, and the checks of ENDED below stop the admission.
+    # Admitted: this owner's until it settles. A thread completing or cancelling it just
+    # now may have read the detached owner: it settles it; the ENDED checks below stop here.
     op._owner = life
     op._keys = watch_keys
     op._deadline = deadline
     # Kafka's two tries, before and after watching, each try_guarded's body inline (two
-    # calls less per admission; tests/test_hot_path_shape.py holds both copies to it).
-    # Written out twice: a loop over the two cost 547 more instructions per admission
-    # (callgrind, compiled, W1-cost).
+    # calls less; tests/test_hot_path_shape.py holds both to it). Written out twice: a loop
+    # over the two cost 547 more instructions per admission (callgrind, compiled, W1-cost).
     if not (op._busy or op._state & ENDED):
         op._busy = True
         try:
