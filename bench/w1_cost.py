@@ -58,7 +58,7 @@ TIMEOUT = 0.2
 #: (``CPyDef_<module>___<Class>___<method>``), with the label printed.
 LIBRARY_FUNCTIONS = (
     ("_purgatory___Purgatory___try_complete_else_watch", "try_complete_else_watch"),
-    ("_lifecycle___Lifecycle___watch", "  Lifecycle.watch (admission; 2 tries inline)"),
+    ("_operation___admit", "  admit (admission; 2 tries inline)"),
     ("_keys___check_keys", "    check_keys (validation)"),
     ("_watches___WatchStore___watch", "    WatchStore.watch (3 keys)"),
     ("_wheels___Wheels___add_entry", "    Wheels.add_entry"),

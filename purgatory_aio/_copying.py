@@ -1,5 +1,6 @@
 """Copying and pickling an operation: what ``DelayedOperation.__reduce_ex__``,
-``__getstate__`` and ``__setstate__`` do (see their docstrings for the rules).
+``__getstate__`` and ``__setstate__`` do (see their docstrings for the rules), and the
+checks of an operation class at its creation (``__init_subclass__``).
 
 Never on a hot path, so interpreted on both builds; the methods stay on the class and
 hand their work to these functions.
@@ -8,18 +9,23 @@ hand their work to these functions.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from types import MemberDescriptorType
 from typing import TYPE_CHECKING, Any
 
+from ._detached import DETACHED
 from ._states import describe
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
 __all__ = [
+    "class_traits",
     "fresh",
     "library_attributes",
     "not_copyable_operation",
+    "reduce",
     "restore_state",
     "subclass_state",
 ]
@@ -39,9 +45,10 @@ def not_copyable_operation(op: DelayedOperation[Any], state: int, where: str | N
     )
 
 
-def subclass_state(op: DelayedOperation[Any], library: frozenset[type]) -> object:
-    """The state of ``op``'s own classes (those not in ``library``): its ``__dict__`` and
-    its ``__slots__``, in one dict, or None when it has none."""
+def subclass_state(op: DelayedOperation[Any], base: type) -> object:
+    """The state of ``op``'s own classes (those not in ``base.__mro__``, the library's):
+    its ``__dict__`` and its ``__slots__``, in one dict, or None when it has none."""
+    library = _library_bases(base)
     state: dict[str, object] = {}
     for klass in type(op).__mro__:
         if klass in library:
@@ -57,9 +64,11 @@ def subclass_state(op: DelayedOperation[Any], library: frozenset[type]) -> objec
     return state or None
 
 
-def restore_state(op: DelayedOperation[Any], state: object, reserved: frozenset[str]) -> None:
+def restore_state(op: DelayedOperation[Any], state: object, base: type) -> None:
     """Set what :func:`subclass_state` returned (or ``object``'s ``(dict, slots)`` form) on
-    ``op`` as attributes, none of them ``reserved``; checked whole before anything is set."""
+    ``op`` as attributes, none of them the library's (of ``base``, see
+    :func:`library_attributes`); checked whole before anything is set."""
+    reserved = library_attributes(base)
     fields: dict[Any, object]
     name = type(op).__name__
     if isinstance(state, dict):
@@ -89,6 +98,13 @@ def restore_state(op: DelayedOperation[Any], state: object, reserved: frozenset[
         setattr(op, key, value)
 
 
+@functools.cache
+def _library_bases(base: type) -> frozenset[type]:
+    """The library's own classes of an operation: their slots are not the subclass's state."""
+    return frozenset(base.__mro__)
+
+
+@functools.cache
 def library_attributes(base: type) -> frozenset[str]:
     """What restored state may never set on an operation of class ``base`` (the library's
     own): the attributes its classes keep (compiled classes list theirs in
@@ -110,6 +126,21 @@ def library_attributes(base: type) -> frozenset[str]:
     ) - {"op_type", "offload_callbacks", "untrack_while_pending"}
 
 
+def reduce(op: DelayedOperation[Any]) -> tuple[Any, ...]:
+    """What ``DelayedOperation.__reduce_ex__`` returns for ``op``: a fresh operation's
+    class, timeout and state; anything else is refused."""
+    try:
+        owner, state, timeout = op._owner, op._state, op._timeout
+    except AttributeError:
+        raise TypeError(
+            f"cannot copy or pickle a {type(op).__name__}: its __init__ must call "
+            f"super().__init__(timeout)"
+        ) from None
+    if owner is not DETACHED or state:
+        raise not_copyable_operation(op, state, owner.name if owner is not DETACHED else None)
+    return (fresh, (type(op), timeout), op.__getstate__())
+
+
 def fresh(cls: type[DelayedOperation[Any]], timeout: float) -> DelayedOperation[Any]:
     """A fresh ``cls`` operation for ``DelayedOperation.__reduce_ex__``, before its state."""
     from ._operation import DelayedOperation  # _operation imports this module
@@ -119,3 +150,31 @@ def fresh(cls: type[DelayedOperation[Any]], timeout: float) -> DelayedOperation[
     op = cls.__new__(cls)
     DelayedOperation.__init__(op, timeout)
     return op
+
+
+def class_traits(
+    cls: type[DelayedOperation[Any]], base: type
+) -> tuple[tuple[str, ...], bool, bool]:
+    """For ``base.__init_subclass__`` of a new operation class ``cls``, its flags checked:
+    the abstract methods it leaves unimplemented, and whether its ``on_complete`` and its
+    ``on_expiration`` are coroutine functions."""
+    if not isinstance(cls.untrack_while_pending, bool):
+        raise TypeError(
+            f"{cls.__name__}.untrack_while_pending must be True or False, "
+            f"got {cls.untrack_while_pending!r}"
+        )
+    unimplemented = tuple(
+        name for name in ("on_complete", "try_complete") if _is_abstract(cls, base, name)
+    )
+    return (
+        unimplemented,
+        inspect.iscoroutinefunction(cls.on_complete),
+        inspect.iscoroutinefunction(cls.on_expiration),
+    )
+
+
+def _is_abstract(cls: type, base: type, name: str) -> bool:
+    """Whether ``cls`` leaves method ``name`` of ``base`` abstract (compiled methods carry
+    no marker)."""
+    owner = next(klass for klass in cls.__mro__ if name in klass.__dict__)
+    return owner is base or bool(getattr(owner.__dict__[name], "__isabstractmethod__", False))

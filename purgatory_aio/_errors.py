@@ -38,6 +38,14 @@ def uninitialised(op: DelayedOperation[Any]) -> TypeError:
     )
 
 
+def unimplemented(op: DelayedOperation[Any], missing: tuple[str, ...]) -> TypeError:
+    """What constructing an operation whose class leaves ``missing`` abstract raises."""
+    return TypeError(
+        f"Can't instantiate abstract class {type(op).__name__} "
+        f"without an implementation for abstract method(s) {', '.join(missing)}"
+    )
+
+
 def never_handed_over(op: DelayedOperation[Any]) -> RuntimeError:
     """What awaiting a pending operation that no purgatory holds raises."""
     return RuntimeError(

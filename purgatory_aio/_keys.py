@@ -18,7 +18,15 @@ if TYPE_CHECKING:
     from ._operation import DelayedOperation
     from ._watches import WatchStore
 
-__all__ = ["bad_key", "check_keys", "fails_lookup", "looked_up", "not_an_operation", "not_fresh"]
+__all__ = [
+    "bad_key",
+    "check_keys",
+    "fails_lookup",
+    "looked_up",
+    "not_an_operation",
+    "not_fresh",
+    "watching_failed",
+]
 
 
 def check_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
@@ -116,6 +124,17 @@ def fails_lookup(store: WatchStore, key: Hashable) -> bool:
     except Exception:
         return True
     return False
+
+
+def watching_failed(
+    store: WatchStore, op: DelayedOperation[Any], keys: tuple[Hashable, ...], exc: Exception
+) -> TypeError:
+    """The error for watching ``op`` under ``keys``, which raised ``exc``: the first key
+    whose lookup in ``store`` fails named, else the keys."""
+    for key in keys:
+        if fails_lookup(store, key):
+            return bad_key(key, exc, "watch key")
+    return TypeError(f"watching {op!r} under {keys!r} failed: {exc!r}")
 
 
 def hash_error(key: object, what: str) -> TypeError | None:

@@ -8,12 +8,14 @@ The life of an operation in a purgatory::
                                             ├─ shutdown  ─► withdraw ─► callbacks ─► settle
                                             └─ cancelled ─► withdraw ──────────────► settle
 
-The admission (:meth:`Lifecycle.watch`, Kafka's tryCompleteElseWatch) is here; the
+The admission (Kafka's tryCompleteElseWatch) is the operation's own
+(:mod:`._operation`, ``admit``: it writes the operation's slots, so it lives with
+them), reading what it needs of the lifecycle through its public attributes; the
 walks over a key are the watch store's (:mod:`._watches`); everything after a
-transition is the operation's own (:mod:`._operation`, ``completed`` and
-``cancelled``: *withdraw* takes it out of the timer and retires its watch entries,
-*callbacks* run ``on_complete``, then ``on_expiration`` if it expired, inline, as a
-task or in a worker thread, *settle* records the outcome, releases awaiters and
+transition is the operation's own too (``completed`` and ``cancelled``: *withdraw*
+takes it out of the timer and retires its watch entries, *callbacks* run
+``on_complete``, then ``on_expiration`` if it expired, inline, as a task or in a
+worker thread, *settle* records the outcome, releases awaiters and
 emits its event). The lifecycle gives that aftermath what only an owner can: the
 loop thread (one won on another thread is handed over to it), callback tasks, the
 event sink and the counters. User code may raise anything: every ``BaseException``
@@ -27,10 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
 import threading
-from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.to_thread
@@ -38,13 +39,13 @@ import anyio.to_thread
 from . import _gc
 from ._clock import Clock
 from ._errors import FATAL, OutsideLoop, PurgatoryClosed
-from ._keys import bad_key, check_keys, fails_lookup, looked_up, not_an_operation, not_fresh
+from ._keys import looked_up
 from ._logging import get_logger
-from ._operation import completed, settle, transition, tried_raising
+from ._operation import completed, settle, transition
 from ._owner import Owner
 from ._records import event_of
 from ._shell import run_callbacks
-from ._states import CANCELLED, COMPLETED, ENDED, EXPIRED, SHUTDOWN
+from ._states import CANCELLED, COMPLETED, EXPIRED, SHUTDOWN
 from ._timer import Timer
 from ._watches import WatchStore
 from .events import EventSink
@@ -65,12 +66,9 @@ def _not_started() -> bool:
 
 
 _running_loop: Final = asyncio._get_running_loop
-#: Whether asyncio's _get_running_loop is a cheap C call here (no getpid(), from 3.12 on).
-_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)
 
 # The cyclic-GC helpers (see _gc): statics in the compiled build, so each is one C call
 # with no lookup; None in the pure build.
-_untrack: Final = _gc.untrack
 _track: Final = _gc.track
 _track_container: Final = _gc.track_container
 
@@ -79,8 +77,9 @@ class Lifecycle(Owner):
     """The owner of the operations of one purgatory.
 
     Operations call it only through the :class:`~._owner.Owner` interface; the
-    purgatory and the watch store's walks call the rest (admission, the loop thread,
-    cancel_for_key, shutdown's part).
+    admission (``_operation.admit``) reads its public attributes (closed, loop,
+    loop_running, now, horizon, store, timer); the purgatory and the watch store's
+    walks call the rest (the loop thread, cancel_for_key, shutdown's part).
     """
 
     def __init__(
@@ -107,16 +106,18 @@ class Lifecycle(Owner):
         self.timer = timer
         self.store = store
         self._clock = clock
-        # Bound once: the admission path reads the clock and the limit without lookups.
-        self._now = clock.time
-        self._horizon = timer.horizon
+        # Bound once: the admission (_operation.admit) reads the clock and the limit
+        # without lookups.
+        self.now = clock.time
+        self.horizon = timer.horizon
         self._sink = event_sink
         self._log_ops = log_operations
         self._offload_threads = offload_threads
         self._capacity: anyio.CapacityLimiter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_running: Callable[[], bool] = _not_started
+        #: The loop it is bound to, and that loop's is_running (read by the admission).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_running: Callable[[], bool] = _not_started
         self.closed = False
         self._ids = itertools.count(1)
         self.n_event_errors = 0
@@ -131,15 +132,15 @@ class Lifecycle(Owner):
             raise OutsideLoop(
                 f"purgatory {self.name!r} must be used from a running event loop"
             ) from None
-        if self._loop is not None:
-            if self._loop is not loop:
+        if self.loop is not None:
+            if self.loop is not loop:
                 raise RuntimeError(
                     f"purgatory {self.name!r} belongs to another event loop (or thread)"
                 )
             self.thread_id = _get_ident()  # its loop may run on another thread now
             return
-        self._loop = loop
-        self._loop_running = loop.is_running
+        self.loop = loop
+        self.loop_running = loop.is_running
         self.thread_id = _get_ident()
         self._clock.attach(self)
         _log.debug("purgatory_started", purgatory=self.name)
@@ -150,131 +151,19 @@ class Lifecycle(Owner):
             raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
         self.start()
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._loop
-
     def busy_tasks(self) -> tuple[asyncio.Task[None], ...]:
         """Callback tasks still running (for shutdown and ManualClock.advance)."""
         return tuple(self._tasks)
 
-    # -- admission: try, watch, try again, time ------------------------------------------------
+    # -- admission: _operation.admit's (Kafka's tryCompleteElseWatch) --------------------------
 
-    def watch(
-        self, op: DelayedOperation[Any], keys: Iterable[Hashable], threshold: float | None
-    ) -> bool:
-        """Kafka's tryCompleteElseWatch: True if ``op`` completed during the call.
-
-        Everything is checked before anything changes: a refused operation is left
-        as it was, usable elsewhere.
-        """
-        if self.closed:
-            raise PurgatoryClosed(f"purgatory {self.name!r} is shut down")
-        # On the thread the purgatory's loop runs on, with that loop running, the running
-        # loop is that one (a thread runs one loop at a time). On Python 3.11 the loop is
-        # asked (its is_running) rather than asyncio's _get_running_loop, which makes a
-        # getpid() system call there: 137 against 29 + 23 ns per call. From 3.12 on that
-        # call reads a per-thread cache (30-37 ns), and it is asked instead: a C call in
-        # place of asyncio's is_running, a Python method (W1-cost on 3.12, compiled,
-        # asyncio: 22,044 -> 21,537 instructions per operation, -507).
-        if self.thread_id != _get_ident() or (
-            _running_loop() is not self._loop if _CACHED_RUNNING_LOOP else not self._loop_running()
-        ):
-            self.start()
-        try:
-            detached = op._owner
-            fresh = detached.detached and not op._state & ENDED
-        except AttributeError:
-            raise not_an_operation(op) from None
-        if not fresh:
-            raise not_fresh(op)
-        watch_keys = check_keys(keys)
-        deadline = self._now() + op._timeout
-        if deadline >= self._horizon:
-            raise ValueError(
-                f"timeout {op._timeout!r} of {op!r} is beyond what the timer of purgatory "
-                f"{self.name!r} can place (deadlines up to {self._horizon:.6g} on its clock; "
-                "a finer tick shortens that)"
-            )
-        # Admitted: from here on the operation is this owner's until it settles. Another
-        # thread completing or cancelling it this very moment may still have read the
-        # detached owner: it then settles the operation itself, and the checks of ENDED
-        # below stop the admission before anything is watched or timed.
-        op._owner = self
-        op._keys = watch_keys
-        op._deadline = deadline
-        # Kafka's two tries, before and after watching, each _operation.try_guarded's body
-        # inline (two calls less per admission; tests/test_hot_path_shape.py holds both
-        # copies to the function). Written out twice rather than as a loop over the two:
-        # the loop cost 547 instructions per admission more (callgrind, compiled, W1-cost).
-        if not (op._busy or op._state & ENDED):
-            op._busy = True
-            try:
-                done = bool(op.try_complete())
-            except BaseException as exc:
-                done = tried_raising(op, exc)
-            else:
-                op._busy = False
-                done = done and op._state & COMPLETED != 0
-            if done:
-                return True
-        if op._state & ENDED:
-            return False  # another thread completed or cancelled it; its hand-over follows
-        try:
-            if threshold is None:
-                self._store.watch(op, watch_keys)
-            else:
-                op._keys = self._store.watch_threshold(op, watch_keys[0], threshold)
-        except BaseException as exc:
-            # Comparing a key with one already watched raised (the keys themselves were
-            # checked above; the operation is never hashed): nothing may stay half-watched.
-            # The try costs nothing measurable (callgrind, compiled and pure).
-            self._refuse(op, watch_keys, exc, detached)
-        # Ended meanwhile (another thread)? The guard declines, and the timer is skipped.
-        if not (op._busy or op._state & ENDED):
-            op._busy = True
-            try:
-                done = bool(op.try_complete())
-            except BaseException as exc:
-                done = tried_raising(op, exc)
-            else:
-                op._busy = False
-                done = done and op._state & COMPLETED != 0
-            if done:
-                return True
-        if op._state & ENDED:
-            return False
-        self._timer.add_entry(op, deadline)
-        if _untrack is not None:
-            # Pending now, held by the timer until it settles (which tracks it
-            # again): no full collection traverses it meanwhile (see _gc). W1's
-            # outside variant, 1M operations: 1.42 -> 1.05 us net per operation on
-            # asyncio, 1.32 -> 1.08 on uvloop (the class opted out vs not, one run).
-            _untrack(op)
-        return False
-
-    def _refuse(
-        self,
-        op: DelayedOperation[Any],
-        keys: tuple[Hashable, ...],
-        exc: BaseException,
-        detached: Owner,
-    ) -> NoReturn:
-        """Undo the admission of ``op``, which the watch lists raised ``exc`` for: back
-        to its ``detached`` owner."""
-        self._store.unwatch(op, keys)
-        op._owner = detached
-        op._keys = ()
-        if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
-            raise exc
-        error: TypeError | None = None
-        for key in keys:
-            if fails_lookup(self._store, key):
-                error = bad_key(key, exc, "watch key")
-                break
-        if error is None:
-            error = TypeError(f"watching {op!r} under {keys!r} failed: {exc!r}")
-        raise error from exc
+    def beyond_horizon(self, op: DelayedOperation[Any]) -> ValueError:
+        """The error for admitting ``op``, whose deadline the timer cannot place."""
+        return ValueError(
+            f"timeout {op.timeout!r} of {op!r} is beyond what the timer of purgatory "
+            f"{self.name!r} can place (deadlines up to {self.horizon:.6g} on its clock; "
+            "a finer tick shortens that)"
+        )
 
     # -- walks over a key: the watch store's (see WatchStore.check and .advance) --------------
 
@@ -296,7 +185,7 @@ class Lifecycle(Owner):
     def claim_thread(self) -> bool:
         """Whether this thread, not the one last seen, now runs the purgatory's loop (a
         loop may be run from another thread later): then it is the loop thread."""
-        if self._loop is None or _running_loop() is not self._loop:
+        if self.loop is None or _running_loop() is not self.loop:
             return False
         self.thread_id = _get_ident()
         return True
@@ -310,7 +199,7 @@ class Lifecycle(Owner):
 
     def loop_closed(self) -> bool:
         """Whether the loop this purgatory is bound to is closed (nothing runs there)."""
-        loop = self._loop
+        loop = self.loop
         return loop is not None and loop.is_closed()
 
     def take_over_closed_loop(self) -> None:
@@ -358,7 +247,7 @@ class Lifecycle(Owner):
         self, aftermath: Aftermath, op: DelayedOperation[Any], failure: BaseException | None
     ) -> None:
         """Run ``aftermath(op, failure)`` on the loop thread, from another thread."""
-        loop = self._loop
+        loop = self.loop
         assert loop is not None
         try:
             loop.call_soon_threadsafe(aftermath, op, failure)
@@ -370,7 +259,7 @@ class Lifecycle(Owner):
 
     def spawn(self, op: DelayedOperation[Any], offload: bool) -> None:
         """Run ``op``'s callbacks in a task on the loop (they settle it when done)."""
-        loop = self._loop
+        loop = self.loop
         assert loop is not None
         coro = run_callbacks(self, op, offload)
         try:

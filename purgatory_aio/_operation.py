@@ -1,30 +1,32 @@
 """DelayedOperation: completes when its condition holds, or at its deadline at the latest.
 
-An operation owns its state word and what follows a transition at once. Each
-transition out of *pending* (completed: satisfied, expired or shut down; or
-cancelled) is one guarded update of that word, so exactly one of any number of
-concurrent calls wins, from whichever thread. The winner runs the aftermath here, in
-Kafka's shape: out of the timer, watch entries retired, counted, callbacks, settled.
-What only its owner (:class:`~purgatory_aio._owner.Owner`) can do, it asks of it.
+An operation owns its admission, its state word and what follows a transition. Each
+transition out of *pending* (completed: satisfied, expired or shut down; or cancelled) is
+one guarded update of that word: one of any number of concurrent calls wins, from any
+thread, and runs the aftermath here, in Kafka's shape: out of the timer, watch entries
+retired, counted, callbacks, settled. What only its owner (:class:`~._owner.Owner`) can
+do, it asks of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import sys
 import threading
+import typing
 from abc import ABCMeta, abstractmethod
-from collections.abc import Awaitable, Generator, Hashable
+from collections.abc import Awaitable, Generator, Hashable, Iterable
 from typing import Any, ClassVar, Final, Generic, SupportsFloat, SupportsIndex, TypeVar, final
 
-from . import _gc, _shell
-from ._copying import fresh as _fresh  # also where pickles of old releases find it
-from ._copying import library_attributes, not_copyable_operation, restore_state, subclass_state
+from . import _copying, _gc
+from ._copying import fresh as _fresh  # noqa: F401  (where pickles of old releases find it)
 from ._detached import DETACHED
 from ._entry import TimerEntry
-from ._errors import FATAL, never_handed_over, uninitialised
+from ._errors import FATAL, unimplemented, uninitialised
+from ._keys import check_keys, not_an_operation, not_fresh, watching_failed
 from ._native import mypyc_attr
 from ._owner import Owner
+from ._shell import callback_raised
 from ._states import (
     CANCELLED,
     COMPLETED,
@@ -37,15 +39,21 @@ from ._states import (
     SHUTDOWN,
     acquire,
     describe,
+    final_state,
     release,
+    shown,
+    state_of,
 )
 from ._validation import INF, check_seconds
-from ._waiters import add_waiter, forget, not_a_result, release_waiters
+from ._waiters import not_a_result, release_waiters, wait
 from .events import Outcome
+
+if typing.TYPE_CHECKING:
+    from ._lifecycle import Lifecycle
 
 __all__ = [
     "DelayedOperation",
-    "callback_raised",
+    "admit",
     "cancelled",
     "completed",
     "settle",
@@ -56,8 +64,11 @@ __all__ = [
 R = TypeVar("R")
 
 _get_ident: Final = threading.get_ident
+_running_loop: Final = asyncio._get_running_loop
+_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)  # _running_loop: no getpid()
 # Statics in the compiled build (see _gc), so each is one C call; None in the pure build.
 _track: Final = _gc.track
+_untrack: Final = _gc.untrack
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -101,13 +112,13 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     # four included), the modules named (tests/test_slot_writers.py holds the code to
     # this table; "-" means nothing after __init__):
     #   _timeout   -                     the timeout given
-    #   _owner     _lifecycle            its purgatory's lifecycle from admission on
-    #                                    (and the detached owner again if refused)
-    #   _keys      _lifecycle            the keys it was handed over with
-    #   _deadline  _lifecycle            when it expires, stamped at admission before its
+    #   _owner     _operation            its purgatory's lifecycle from admission (admit)
+    #                                    on (and the detached owner again if refused)
+    #   _keys      _operation            the keys it was handed over with (admit)
+    #   _deadline  _operation            when it expires, stamped by admit before its
     #                                    tries (the timer places it by it, never writes it)
-    #   _busy      _operation, _lifecycle  a try of it is under way (try_guarded, and
-    #                                    its two copies in the admission)
+    #   _busy      _operation            a try of it is under way (try_guarded, and its
+    #                                    two copies in admit)
     #   _outcome   _operation            its result or exception, at settlement
     #   _state     _operation            the state word: transitions, settlement
     #   _waiter    _waiters              the futures of its awaiters
@@ -116,17 +127,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     #   _bucket    _wheels               its timer bucket, and its neighbours there
     #   _prev      _wheels
     #   _next      _wheels
-    __slots__ = (
-        "_busy",
-        "_ident",
-        "_keys",
-        "_outcome",
-        "_owner",
-        "_state",
-        "_store",
-        "_timeout",
-        "_waiter",
-    )
+    __slots__ = ("_busy", "_ident", "_keys", "_outcome", "_owner", "_state", "_store",
+                 "_timeout", "_waiter")  # fmt: skip
 
     op_type: ClassVar[str | None] = None
     offload_callbacks: ClassVar[bool] = False
@@ -143,26 +145,15 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not isinstance(cls.untrack_while_pending, bool):
-            raise TypeError(
-                f"{cls.__name__}.untrack_while_pending must be True or False, "
-                f"got {cls.untrack_while_pending!r}"
-            )
-        cls._unimplemented = tuple(
-            name for name in ("on_complete", "try_complete") if _is_abstract(cls, name)
+        cls._unimplemented, cls._async_complete, cls._async_expire = _copying.class_traits(
+            cls, DelayedOperation
         )
-        cls._async_complete = inspect.iscoroutinefunction(cls.on_complete)
-        cls._async_expire = inspect.iscoroutinefunction(cls.on_expiration)
         cls._inline_complete = not (cls._async_complete or cls.offload_callbacks)
         cls._inline_expire = cls._inline_complete and not cls._async_expire
 
     def __init__(self, timeout: SupportsFloat) -> None:
         if self._unimplemented:
-            missing = ", ".join(self._unimplemented)
-            raise TypeError(
-                f"Can't instantiate abstract class {type(self).__name__} "
-                f"without an implementation for abstract method(s) {missing}"
-            )
+            raise unimplemented(self, self._unimplemented)
         # Typed as a protocol so that the compiled build leaves bad input to this check.
         # Exactly float: a subclass may override its comparisons (or __float__), so it
         # goes through check_seconds, which tests the float it converts it to.
@@ -197,14 +188,8 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         return None
 
     # -- state -------------------------------------------------------------------------------
-    # Methods marked @final are not meant to be overridden.
-    #
-    # The library's attributes exist only once DelayedOperation.__init__ has run. A subclass
-    # whose __init__ forgot super().__init__(timeout) reads as unset attributes (a bare
-    # AttributeError about a private name, on either build): every public member turns that
-    # into the TypeError naming the mistake, the readers of the state word through
-    # _state_of. The handler runs only on that error path: a try costs nothing in CPython
-    # 3.11, and in the compiled build the read's own error branch jumps to it.
+    # Methods marked @final are not meant to be overridden. One whose __init__ skipped
+    # DelayedOperation.__init__ is refused by name by every public member (see _states).
 
     @property
     @final
@@ -237,20 +222,20 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
     @final
     def is_completed(self) -> bool:
         """True once completed: satisfied, expired, or by shutdown (not when cancelled)."""
-        return bool(_state_of(self) & COMPLETED)
+        return bool(state_of(self) & COMPLETED)
 
     @property
     @final
     def expired(self) -> bool:
         """True if it was completed by its deadline passing (or by shutdown: :attr:`outcome`
         tells the two apart)."""
-        return bool(_state_of(self) & EXPIRED)
+        return bool(state_of(self) & EXPIRED)
 
     @property
     @final
     def cancelled(self) -> bool:
         """True if it was withdrawn without completing (``on_complete`` never ran)."""
-        return bool(_state_of(self) & CANCELLED)
+        return bool(state_of(self) & CANCELLED)
 
     @property
     @final
@@ -265,35 +250,25 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         (``await op`` raises it). Decided at the transition, before the callbacks run:
         ``done()`` says when the result is final.
         """
-        state = _state_of(self)
+        state = state_of(self)
         return describe(state) if state & ENDED else None  # type: ignore[return-value]
 
     @final
     def done(self) -> bool:
         """True once settled: the result, exception or cancellation is final."""
-        return bool(_state_of(self) & SETTLED)
+        return bool(state_of(self) & SETTLED)
 
     @final
     def result(self) -> R:
         """The result of a settled operation (like ``Future.result``)."""
-        state = _state_of(self)
-        if not state & SETTLED:
-            raise asyncio.InvalidStateError("operation is not settled yet")
-        if state & CANCELLED:
-            raise asyncio.CancelledError("operation was cancelled")
-        if state & FAILED:
+        if final_state(self) & FAILED:
             raise self._outcome
         return self._outcome  # type: ignore[no-any-return]
 
     @final
     def exception(self) -> BaseException | None:
         """The exception of a settled, failed operation, else None."""
-        state = _state_of(self)
-        if not state & SETTLED:
-            raise asyncio.InvalidStateError("operation is not settled yet")
-        if state & CANCELLED:
-            raise asyncio.CancelledError("operation was cancelled")
-        return self._outcome if state & FAILED else None
+        return self._outcome if final_state(self) & FAILED else None
 
     # -- transitions: flip the state word, report who won, hand the winner to the owner ------
 
@@ -321,7 +296,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         self._state = state | COMPLETED
         if LOCKED:
             release()
-        completed(self, None, owner)  # the owner read under the lock: see Lifecycle.watch
+        completed(self, None, owner)  # the owner read under the lock: see admit
         return True
 
     def cancel(self) -> bool:
@@ -342,29 +317,10 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         if transition(self, COMPLETED | EXPIRED):
             completed(self, None)
 
-    # -- awaiting ----------------------------------------------------------------------------
+    # -- awaiting, copying and pickling (their work is _waiters' and _copying's) -------------
 
     def __await__(self) -> Generator[Any, None, R]:
-        # A plain method handing the wait to an interpreted generator (see _shell: a
-        # compiled generator passes a cancellation on with the deprecated three-argument
-        # throw()).
-        state = _state_of(self)
-        if state & SETTLED:
-            return _shell.settled(self)
-        if not state & ENDED and self._owner is DETACHED:
-            # Pending and in no purgatory: nothing would ever complete or expire it.
-            raise never_handed_over(self)
-        # One future per awaiting task: a task that is cancelled cancels only its own,
-        # and the common single awaiter costs one future, no shield around a shared one.
-        future = asyncio.get_running_loop().create_future()
-        add_waiter(self, future)
-        # Settlement may have happened on another thread between the check above
-        # and publishing the future; it then found nothing to wake.
-        if self._state & SETTLED:
-            future.set_result(None)
-        return _shell.awaiting(self, future, forget)
-
-    # -- copying and pickling ----------------------------------------------------------------
+        return wait(self, state_of(self))  # see _waiters.wait
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         """``copy.copy``, ``copy.deepcopy`` and ``pickle``: of a fresh operation only.
@@ -376,21 +332,12 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         what :meth:`__getstate__` returns. The subclass's ``__init__`` does not run
         again, as with any unpickled object.
         """
-        try:
-            owner, state, timeout = self._owner, self._state, self._timeout
-        except AttributeError:
-            raise TypeError(
-                f"cannot copy or pickle a {type(self).__name__}: its __init__ must call "
-                f"super().__init__(timeout)"
-            ) from None
-        if owner is not DETACHED or state:
-            raise not_copyable_operation(self, state, owner.name if owner is not DETACHED else None)
-        return (_fresh, (type(self), timeout), self.__getstate__())
+        return _copying.reduce(self)
 
     def __getstate__(self) -> object:
         """The subclass's own state: its ``__dict__`` and its ``__slots__``, in one dict
         (None when it has none). The library's own state is never part of it."""
-        return subclass_state(self, _LIBRARY_BASES)
+        return _copying.subclass_state(self, DelayedOperation)
 
     def __setstate__(self, state: object) -> None:
         """Restores what :meth:`__getstate__` returned (or ``object``'s ``(dict, slots)``
@@ -400,17 +347,10 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         one that is not a dict of attribute names, ValueError for a library name)
         leaves the operation as it was.
         """
-        restore_state(self, state, _LIBRARY_ATTRIBUTES)
+        _copying.restore_state(self, state, DelayedOperation)
 
     def __repr__(self) -> str:
-        # Never raises: logs and error messages (that one about forgetting super().__init__
-        # included) are built with it.
-        name = type(self).__name__
-        try:
-            state, timeout = self._state, self._timeout
-        except AttributeError:
-            return f"<{name} uninitialised (its __init__ did not call super().__init__(timeout))>"
-        return f"<{name} {describe(state)} timeout={timeout}>"
+        return shown(self)  # never raises (see _states.shown)
 
 
 # -- the aftermath of a transition, run by the operation that won it ---------------------------
@@ -480,19 +420,10 @@ def cancelled(op: DelayedOperation[Any], failure: BaseException | None) -> None:
     settle(op, None, False)
 
 
-def callback_raised(op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
-    """A callback of ``op`` raised ``exc`` at ``stage``: logged and counted by its owner,
-    ``op`` settled with it, raised again if it must stop the program."""
-    op._owner.callback_failed(op, exc, stage)
-    settle(op, exc, True)
-    if isinstance(exc, FATAL):
-        raise exc
-
-
 def settle(op: DelayedOperation[Any], outcome: Any, failed: bool) -> None:
     """Record the outcome, release awaiters, emit the event (once per operation)."""
     if _track is not None:
-        _track(op)  # untracked while pending (Lifecycle.watch): the collector's again
+        _track(op)  # untracked while pending (admit): the collector's again
     if failed:  # a branch the state bits needed anyway: success costs nothing more
         if isinstance(outcome, StopIteration):
             outcome = not_a_result(outcome)
@@ -527,6 +458,93 @@ def transition(op: DelayedOperation[Any], bits: int) -> bool:
     return won
 
 
+# -- the admission: try, watch, try again, time -------------------------------------------------
+
+
+def admit(
+    life: Lifecycle, op: DelayedOperation[Any], keys: Iterable[Hashable], threshold: float | None
+) -> bool:
+    """Kafka's tryCompleteElseWatch of ``op`` in ``life``'s purgatory: True if it completed
+    during the call. All is checked first: a refused operation is left as it was."""
+    # Closed or unbound: enter() refuses or binds. On the loop's thread, with it running,
+    # the running loop is that one. 3.11 asks the loop's is_running: _get_running_loop
+    # makes a getpid() call there (137 against 29 + 23 ns); 3.12 caches it per thread, a C
+    # call for a Python method (W1-cost on 3.12, compiled, asyncio: -507 per operation).
+    if (
+        life.closed
+        or life.thread_id != _get_ident()
+        or (_running_loop() is not life.loop if _CACHED_RUNNING_LOOP else not life.loop_running())
+    ):
+        life.enter()
+    try:
+        detached = op._owner
+        fresh = detached.detached and not op._state & ENDED
+    except AttributeError:
+        raise not_an_operation(op) from None
+    if not fresh:
+        raise not_fresh(op)
+    watch_keys = check_keys(keys)
+    deadline = life.now() + op._timeout
+    if deadline >= life.horizon:
+        raise life.beyond_horizon(op)
+    # Admitted: this owner's until it settles. A thread completing or cancelling it just
+    # now may have read the detached owner: it settles it; the ENDED checks below stop here.
+    op._owner = life
+    op._keys = watch_keys
+    op._deadline = deadline
+    # Kafka's two tries, before and after watching, each try_guarded's body inline (two
+    # calls less; tests/test_hot_path_shape.py holds both to it). Written out twice: a loop
+    # over the two cost 547 more instructions per admission (callgrind, compiled, W1-cost).
+    if not (op._busy or op._state & ENDED):
+        op._busy = True
+        try:
+            done = bool(op.try_complete())
+        except BaseException as exc:
+            done = tried_raising(op, exc)
+        else:
+            op._busy = False
+            done = done and op._state & COMPLETED != 0
+        if done:
+            return True
+    if op._state & ENDED:
+        return False  # another thread completed or cancelled it; its hand-over follows
+    try:
+        if threshold is None:
+            life.store.watch(op, watch_keys)  # type: ignore[union-attr]
+        else:
+            op._keys = life.store.watch_threshold(op, watch_keys[0], threshold)  # type: ignore[union-attr]
+    except BaseException as exc:
+        # Comparing a key with one already watched raised (the keys were checked above;
+        # the operation is never hashed): nothing may stay half-watched, and the operation
+        # goes back to its detached owner. The try costs nothing measurable (callgrind).
+        life.store.unwatch(op, watch_keys)  # type: ignore[union-attr]
+        op._owner = detached
+        op._keys = ()
+        if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
+            raise
+        raise watching_failed(life.store, op, watch_keys, exc) from exc  # type: ignore[arg-type]
+    # Ended meanwhile (another thread)? The guard declines, and the timer is skipped.
+    if not (op._busy or op._state & ENDED):
+        op._busy = True
+        try:
+            done = bool(op.try_complete())
+        except BaseException as exc:
+            done = tried_raising(op, exc)
+        else:
+            op._busy = False
+            done = done and op._state & COMPLETED != 0
+        if done:
+            return True
+    if op._state & ENDED:
+        return False
+    life.timer.add_entry(op, deadline)  # type: ignore[union-attr]
+    if _untrack is not None:
+        # Held by the timer until it settles (which tracks it again): no full collection
+        # traverses it (see _gc). W1's outside variant: 1.42 -> 1.05 us net per operation.
+        _untrack(op)
+    return False
+
+
 # -- the guarded try: how the walks and the admission call try_complete -----------------------
 
 
@@ -537,8 +555,8 @@ def try_guarded(op: DelayedOperation[Any]) -> bool:
     (it could otherwise be left pending with a condition that can never be checked);
     only ``KeyboardInterrupt`` and ``SystemExit`` then propagate.
 
-    The admission (Lifecycle.watch) carries this body inline twice, from the guard on,
-    for its two tries; tests/test_hot_path_shape.py holds the copies to it.
+    The admission (:func:`admit`) carries this body inline twice, from the guard on, for
+    its two tries; tests/test_hot_path_shape.py holds the copies to it.
     """
     if op._busy or op._state & ENDED:
         return False
@@ -574,25 +592,3 @@ def fail(op: DelayedOperation[Any], exc: BaseException) -> bool:
         return False
     completed(op, exc)
     return True
-
-
-def _state_of(op: DelayedOperation[Any]) -> int:
-    """``op``'s state word, for the public members that read it (see "state" above)."""
-    try:
-        return op._state
-    except AttributeError:
-        raise uninitialised(op) from None
-
-
-def _is_abstract(cls: type, name: str) -> bool:
-    """Whether ``cls`` leaves method ``name`` abstract (compiled methods carry no marker)."""
-    owner = next(klass for klass in cls.__mro__ if name in klass.__dict__)
-    return owner is DelayedOperation or bool(
-        getattr(owner.__dict__[name], "__isabstractmethod__", False)
-    )
-
-
-#: The library's own classes of an operation: their slots are not the subclass's state.
-_LIBRARY_BASES: frozenset[type] = frozenset(DelayedOperation.__mro__)
-#: What restored state may never set (see _copying.library_attributes).
-_LIBRARY_ATTRIBUTES: frozenset[str] = library_attributes(DelayedOperation)

@@ -19,7 +19,7 @@ from ._gc import UNTRACKING, DropGuard
 from ._lifecycle import Lifecycle
 from ._logging import get_logger
 from ._native import refuse_subclass
-from ._operation import DelayedOperation
+from ._operation import DelayedOperation, admit
 from ._shutdown import Shutdown
 from ._stats import PurgatoryStats
 from ._timer import Timer
@@ -175,9 +175,9 @@ class Purgatory:
         answer, so an operation whose call was not awaited is still watched and timed.
         """
         try:
-            completed = self._life.watch(op, keys, None)
+            completed = admit(self._life, op, keys, None)
         except OutsideLoop:
-            return _shell.called(self._life.watch, op, keys, None)
+            return _shell.called(admit, self._life, op, keys, None)
         return _COMPLETED if completed else _WATCHED
 
     def watch_and_wait(self, op: DelayedOperation[R], keys: Iterable[Hashable]) -> Awaitable[R]:
@@ -188,9 +188,9 @@ class Purgatory:
         ``op`` is cancelled too, so nothing stays pending for a caller who is gone.
         """
         try:
-            self._life.watch(op, keys, None)
+            admit(self._life, op, keys, None)
         except OutsideLoop:
-            return _shell.watch_then_wait(self._life.watch, op, keys)
+            return _shell.watch_then_wait(admit, self._life, op, keys)
         return _shell.await_or_cancel(op)
 
     def watch_threshold(
@@ -206,9 +206,9 @@ class Purgatory:
         """
         value = check_finite(threshold, "threshold")
         try:
-            completed = self._life.watch(op, (key,), value)
+            completed = admit(self._life, op, (key,), value)
         except OutsideLoop:
-            return _shell.called(self._life.watch, op, (key,), value)
+            return _shell.called(admit, self._life, op, (key,), value)
         return _COMPLETED if completed else _WATCHED
 
     def advance_key(self, key: Hashable, value: SupportsFloat) -> int:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
 
+from ._errors import FATAL
 from ._logging import get_logger
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ async def callbacks_finished(orchestra: Shutdown) -> bool:
 async def run_callbacks(life: Owner, op: DelayedOperation[Any], offload: bool) -> None:
     """A callback task: ``on_complete`` (then ``on_expiration`` if expired), then settle."""
     # Imported here: _operation imports this module (a callback task is never a hot path).
-    from ._operation import callback_raised, settle
+    from ._operation import settle
 
     cls = type(op)
     stage = "on_complete"
@@ -238,6 +239,17 @@ async def run_callbacks(life: Owner, op: DelayedOperation[Any], offload: bool) -
         callback_raised(op, exc, stage)
     else:
         settle(op, result, False)
+
+
+def callback_raised(op: DelayedOperation[Any], exc: BaseException, stage: str) -> None:
+    """A callback of ``op`` raised ``exc`` at ``stage``: logged and counted by its owner,
+    ``op`` settled with it, raised again if it must stop the program."""
+    from ._operation import settle  # _operation imports this module
+
+    op._owner.callback_failed(op, exc, stage)
+    settle(op, exc, True)
+    if isinstance(exc, FATAL):
+        raise exc
 
 
 async def _call(life: Owner, fn: Callable[[], Any], is_async: bool, offload: bool) -> Any:
@@ -283,10 +295,11 @@ async def await_or_cancel(op: DelayedOperation[R]) -> R:
 
 
 async def watch_then_wait(
-    watch: Callable[[DelayedOperation[R], Iterable[Hashable], None], object],
+    admit: Callable[[Lifecycle, DelayedOperation[R], Iterable[Hashable], None], object],
+    life: Lifecycle,
     op: DelayedOperation[R],
     keys: Iterable[Hashable],
 ) -> R:
     """``watch_and_wait`` called before its loop ran: admit ``op`` there, then wait."""
-    watch(op, keys, None)
+    admit(life, op, keys, None)
     return await await_or_cancel(op)

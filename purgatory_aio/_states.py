@@ -6,11 +6,16 @@ single attribute load, and the winning transition is one guarded update.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 from . import _build
+from ._errors import uninitialised
+
+if TYPE_CHECKING:
+    from ._operation import DelayedOperation
 
 COMPLETED: Final = 1  # won the transition to completed; on_complete runs (or ran)
 EXPIRED: Final = 2  # ... because the deadline passed (or shutdown expired it)
@@ -42,6 +47,43 @@ def describe(state: int) -> str:
     if state & COMPLETED:
         return "completed"
     return "pending"
+
+
+# The library's attributes exist only once DelayedOperation.__init__ has run. A subclass
+# whose __init__ forgot super().__init__(timeout) reads as unset attributes (a bare
+# AttributeError about a private name, on either build): the operation's public members
+# turn that into the TypeError naming the mistake, those reading the state word through
+# state_of. The handler runs only on that error path: a try costs nothing in CPython
+# 3.11, and in the compiled build the read's own error branch jumps to it.
+
+
+def state_of(op: DelayedOperation[Any]) -> int:
+    """``op``'s state word, for the public members of an operation that read it."""
+    try:
+        return op._state
+    except AttributeError:
+        raise uninitialised(op) from None
+
+
+def final_state(op: DelayedOperation[Any]) -> int:
+    """The state word of a settled ``op`` that was not cancelled (as ``Future.result``)."""
+    state = state_of(op)
+    if not state & SETTLED:
+        raise asyncio.InvalidStateError("operation is not settled yet")
+    if state & CANCELLED:
+        raise asyncio.CancelledError("operation was cancelled")
+    return state
+
+
+def shown(op: DelayedOperation[Any]) -> str:
+    """``repr(op)``. Never raises: logs and error messages (that one about forgetting
+    super().__init__ included) are built with it."""
+    name = type(op).__name__
+    try:
+        state, timeout = op._state, op._timeout
+    except AttributeError:
+        return f"<{name} uninitialised (its __init__ did not call super().__init__(timeout))>"
+    return f"<{name} {describe(state)} timeout={timeout}>"
 
 
 def _gil_enabled() -> bool:

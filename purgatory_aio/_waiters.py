@@ -9,14 +9,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from . import _shell
+from ._detached import DETACHED
+from ._errors import never_handed_over
+from ._states import ENDED, SETTLED
 
 if TYPE_CHECKING:
     from ._operation import DelayedOperation
 
-__all__ = ["add_waiter", "forget", "not_a_result", "release_waiters", "wake"]
+__all__ = ["add_waiter", "forget", "not_a_result", "release_waiters", "wait", "wake"]
+
+R = TypeVar("R")
 
 _running_loop: Final = asyncio._get_running_loop
+
+
+def wait(op: DelayedOperation[R], state: int) -> Generator[Any, None, R]:
+    """``await op`` (its state word ``state``): a plain function handing the wait to an
+    interpreted generator (see _shell: a compiled generator passes a cancellation on with
+    the deprecated three-argument throw())."""
+    if state & SETTLED:
+        return _shell.settled(op)
+    if not state & ENDED and op._owner is DETACHED:
+        # Pending and in no purgatory: nothing would ever complete or expire it.
+        raise never_handed_over(op)
+    # One future per awaiting task: a task that is cancelled cancels only its own, and
+    # the common single awaiter costs one future, no shield around a shared one.
+    future = asyncio.get_running_loop().create_future()
+    add_waiter(op, future)
+    # Settlement may have happened on another thread between the check above and
+    # publishing the future; it then found nothing to wake.
+    if op._state & SETTLED:
+        future.set_result(None)
+    return _shell.awaiting(op, future, forget)
 
 
 def add_waiter(op: DelayedOperation[Any], future: asyncio.Future[None]) -> None:

@@ -99,7 +99,7 @@ def _after(op: _Scripted, answer: object) -> tuple[object, ...]:
 async def test_the_admissions_inline_tries_decide_as_try_guarded_does(
     at: int, behaviour: str, clock: ManualClock
 ) -> None:
-    # Lifecycle.watch carries try_guarded's body inline for its two tries (before and
+    # _operation.admit carries try_guarded's body inline for its two tries (before and
     # after watching): whatever try_complete does at either, the admission answers and
     # leaves the operation as try_guarded does for one pending in the same purgatory.
     async with Purgatory("inline", clock=clock) as p:
