@@ -122,6 +122,7 @@ class Shutdown:
         life = self._life
         life.closed = True
         life.take_over_closed_loop()
+        self._store.stop_purging()
         pending: list[DelayedOperation[Any]] = self._timer.drain_entries()  # type: ignore[assignment]
         fatal: BaseException | None = None
         for op in pending:
