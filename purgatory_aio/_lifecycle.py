@@ -100,9 +100,6 @@ class Lifecycle(Owner):
             observed=event_sink is not None or log_operations,
             offload=offload,
         )
-        self._timer = timer
-        self._store = store
-        # The same two, for the operations' aftermath (Owner's, typed optional there).
         self.timer = timer
         self.store = store
         self._clock = clock
@@ -169,7 +166,8 @@ class Lifecycle(Owner):
 
     def cancel_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """cancel_for_key: withdraw every pending operation watched under ``key``."""
-        store = self._store
+        store = self.store
+        assert store is not None  # a lifecycle's always is (Owner's is typed optional)
         if not looked_up(store, key, False):
             return []
         if self.thread_id != _get_ident():
@@ -219,11 +217,12 @@ class Lifecycle(Owner):
     def retrack_pending(self) -> None:
         """Give every operation still pending, and the containers holding them, back to
         the cyclic GC: the purgatory that held them is gone (see _gc.DropGuard)."""
-        if _track is None or _track_container is None:
+        timer, store = self.timer, self.store
+        if _track is None or _track_container is None or timer is None or store is None:
             return
-        for entry in self._timer.pending_entries():
+        for entry in timer.pending_entries():
             _track(entry)
-        for container in self._store.containers():
+        for container in store.containers():
             _track_container(container)
 
     # -- observing settled operations ----------------------------------------------------------

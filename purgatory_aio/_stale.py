@@ -100,11 +100,9 @@ def purge(store: WatchStore) -> None:
                     if len(by_identity) < 2:
                         store.shrunk(key, by_identity)
             elif held is op:  # alone under its key
-                del lists[key]
                 removed += 1
                 store.watched -= 1
-                if store.values or store.listeners:
-                    store.release(key)
+                store.shrunk(key, ())
             elif type(held) is list:
                 touched[key] = None
     if sweep:

@@ -213,8 +213,7 @@ class WatchStore:
                 self._gained(key, True)
 
     def place(self, key: Hashable, op: DelayedOperation[Any]) -> None:
-        """Add ``op`` to ``key``'s watch list, uncounted (what :meth:`watch` does per key,
-        in line there)."""
+        """Add ``op`` to ``key``'s list, uncounted (:meth:`watch` does it in line)."""
         lists = self.lists
         held = lists.get(key)
         if held is None:
@@ -248,8 +247,7 @@ class WatchStore:
         return ident
 
     def hold_by_identity(self, key: Hashable, watch_list: WatchList) -> None:
-        """``key``'s list is long (a purge by keys found it so): hold it as a dict of the
-        same operations by their serial numbers, oldest first, untracked as it was."""
+        """``key``'s list is long: hold it as a dict by serial number, oldest first."""
         by_identity: WatchDict = {self.ident(op): op for op in watch_list}
         if _untrack_container is not None:
             _untrack_container(by_identity)
@@ -270,6 +268,8 @@ class WatchStore:
         else:
             if not held._state & ENDED:  # type: ignore[union-attr]
                 return 0
+            # shrunk(key, ()) in line: completing a lone operation by check_and_complete
+            # stays at 12 calls (tests/test_bench_smoke.py).
             del lists[key]
             self.watched -= 1
             if self.values or self.listeners:
