@@ -172,7 +172,22 @@ class Lifecycle(Owner):
             return []
         if self.thread_id != _get_ident():
             raise self.off_loop_thread("cancel_for_key", "")
-        return [op for op in store.take(key) if op.cancel()]
+        # Each one taken is offered its cancel, whatever an override of it does with the
+        # others: an answer is taken by its truth (the compiled build's call through the
+        # class would demand an exact bool), and the first exception raised is raised once
+        # every one has been offered.
+        withdrawn: list[DelayedOperation[Any]] = []
+        failure: BaseException | None = None
+        for op in store.take(key):
+            user: Any = op
+            try:
+                if user.cancel():
+                    withdrawn.append(op)
+            except BaseException as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return withdrawn
 
     def off_loop_thread(self, what: str, hint: str) -> RuntimeError:
         """The error for a walk over a key called off the loop thread."""

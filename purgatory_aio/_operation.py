@@ -492,18 +492,21 @@ def admit(
     op._owner = life
     op._keys = watch_keys
     op._deadline = deadline
+    # try_complete through Python's own call: any answer taken by its truth (the compiled
+    # call through the class demands an exact bool, a TypeError for None or 1).
+    user: Any = op
     # Kafka's two tries, before and after watching, each try_guarded's body inline (two
     # calls less; tests/test_hot_path_shape.py holds both to it). Written out twice: a loop
     # over the two cost 547 more instructions per admission (callgrind, compiled, W1-cost).
     if not (op._busy or op._state & ENDED):
         op._busy = True
         try:
-            done = bool(op.try_complete())
+            done = bool(user.try_complete())
         except BaseException as exc:
             done = tried_raising(op, exc)
         else:
+            done = (done or not op._busy) and op._state & COMPLETED != 0
             op._busy = False
-            done = done and op._state & COMPLETED != 0
         if done:
             return True
     if op._state & ENDED:
@@ -527,12 +530,12 @@ def admit(
     if not (op._busy or op._state & ENDED):
         op._busy = True
         try:
-            done = bool(op.try_complete())
+            done = bool(user.try_complete())
         except BaseException as exc:
             done = tried_raising(op, exc)
         else:
+            done = (done or not op._busy) and op._state & COMPLETED != 0
             op._busy = False
-            done = done and op._state & COMPLETED != 0
         if done:
             return True
     if op._state & ENDED:
@@ -560,13 +563,16 @@ def try_guarded(op: DelayedOperation[Any]) -> bool:
     """
     if op._busy or op._state & ENDED:
         return False
+    user: Any = op  # see admit: any answer is taken by its truth
     op._busy = True
     try:
-        done = bool(op.try_complete())
+        done = bool(user.try_complete())
     except BaseException as exc:
         return tried_raising(op, exc)
+    # Won by this try (completed() cleared _busy): it counts, whatever the answer.
+    done = (done or not op._busy) and op._state & COMPLETED != 0
     op._busy = False
-    return done and op._state & COMPLETED != 0
+    return done
 
 
 def tried_raising(op: DelayedOperation[Any], exc: BaseException) -> bool:
