@@ -63,9 +63,10 @@ COMPILED_MODULES = (
 
 #: Hand-written C extensions built beside them, each from ``<name>.c`` in the package:
 #: ``_untrack`` takes pending operations out of the cyclic GC (see ``_gc.py``);
-#: ``_initsig`` gives a compiled class's ``__init__`` the signature help() shows. The
-#: compiled build fails without them, as without any compiled module.
-NATIVE_MODULES = ("_untrack", "_initsig")
+#: ``_initsig`` gives a compiled class's ``__init__`` the signature help() shows;
+#: ``_threadid`` is ``threading.get_ident`` without an int per call (see ``_threads.py``).
+#: The compiled build fails without them, as without any compiled module.
+NATIVE_MODULES = ("_untrack", "_initsig", "_threadid")
 
 #: What compiling needs in the build environment. mypyc type-checks the modules, so the
 #: package's own dependencies must be there for their type information (nothing of the

@@ -22,7 +22,9 @@ one another:
   try_complete_else_watch(op, keys)`` under its three keys, and completed by
   ``force_complete()`` 256 arrivals later (first in, first out: the same work as
   W1-user's, without its timing; W1's timeout of 0.2 s on a clock whose wake-ups never
-  fire, so that none expires however slow the run).
+  fire, so that none expires however slow the run, and whose time moves at W1-user's
+  pace per operation rather than callgrind's, so that the same number of operations
+  share a timer bucket as in a real run, and the counts repeat exactly).
 
 On the compiled build it also splits ``purgatory`` by the library's functions
 (inclusive: each with what it calls). Needs valgrind (Debian: ``apt-get install
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import itertools
 import os
 import re
 import shutil
@@ -77,11 +81,24 @@ class _Never:
         pass
 
 
-class NoWakeClock(LoopClock):
-    """Real time whose wake-ups never come: the timer reads the clock as W1-user's does,
-    but no operation can expire, however slowly the run goes under callgrind."""
+#: What the scenario's clock moves by at each reading: the admission reads it once per
+#: operation, and W1-user's runs take about 3 us per operation (docs/benchmarks.md).
+STEP = 3e-6
 
-    __slots__ = ()
+
+class NoWakeClock(LoopClock):
+    """W1-user's pace of time, whose wake-ups never come: each reading is :data:`STEP`
+    after the one before, so the timer places the operations into buckets as a real run
+    does, however slowly the run goes under callgrind (real time there passes about 50
+    times slower per operation, spreading the same arrivals over that many more ticks);
+    and no operation can expire."""
+
+    __slots__ = ("time",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        # A C callable, as LoopClock's own time.monotonic is: no Python frame per reading.
+        self.time = functools.partial(next, itertools.count(1000.0, STEP))
 
     def call_at(self, when: float, callback: Callable[[], object]) -> _Never:
         return _Never()

@@ -61,4 +61,13 @@ if DISABLED and not any(isinstance(finder, _PureSource) for finder in sys.meta_p
 #: switched off.
 COMPILED: Final = not DISABLED and _has_extension("_timer")
 
-__all__ = ["COMPILED", "DISABLED", "NO_EXTENSIONS_VAR", "extensions_disabled"]
+
+def missing_extension(name: str, exc: ImportError) -> ImportError:
+    """The error for a compiled install without its hand-written extension ``name``."""
+    return ImportError(
+        f"purgatory_aio's compiled core is installed without its {name} extension: "
+        f"reinstall it (PURGATORY_AIO_BUILD=compiled builds it): {exc}"
+    )
+
+
+__all__ = ["COMPILED", "DISABLED", "NO_EXTENSIONS_VAR", "extensions_disabled", "missing_extension"]

@@ -37,10 +37,7 @@ if _build.COMPILED:
     try:
         from ._untrack import track, track_container, untrack, untrack_container
     except ImportError as exc:  # pragma: no cover - the compiled build always ships it
-        raise ImportError(
-            "purgatory_aio's compiled core is installed without its _untrack extension: "
-            f"reinstall it (PURGATORY_AIO_BUILD=compiled builds both): {exc}"
-        ) from None
+        raise _build.missing_extension("_untrack", exc) from None
 else:
     untrack = track = untrack_container = track_container = None
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 import typing
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable, Iterable
 from typing import Any, ClassVar, Final, Generic, SupportsFloat, SupportsIndex, TypeVar, final
 
-from . import _copying, _gc
+from . import _copying, _gc, _threads
 from ._copying import fresh as _fresh  # noqa: F401  (where pickles of old releases find it)
 from ._detached import DETACHED
 from ._entry import TimerEntry
@@ -63,7 +62,7 @@ __all__ = [
 
 R = TypeVar("R")
 
-_get_ident: Final = threading.get_ident
+_get_ident: Final = _threads.get_ident  # threading.get_ident, see _threads
 _running_loop: Final = asyncio._get_running_loop
 _CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)  # _running_loop: no getpid()
 # Statics in the compiled build (see _gc), so each is one C call; None in the pure build.
@@ -284,8 +283,7 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
             raise uninitialised(self) from None
         if detached:
             DETACHED.check_can_complete(self)  # refuses before anything changes
-        # transition(), inlined: this is every satisfied operation's path.
-        if LOCKED:
+        if LOCKED:  # transition(), inlined: every satisfied operation's path
             acquire()
         state = self._state
         owner = self._owner
@@ -388,8 +386,12 @@ def completed(
         return
     cls = type(op)
     expired = op._state & EXPIRED
-    inline = cls._inline_expire if expired else cls._inline_complete
-    if inline and not owner.offload:
+    inline = cls is owner.inline_class and not expired  # see Owner.inline_class: -157
+    if not inline:
+        inline = (cls._inline_expire if expired else cls._inline_complete) and not owner.offload
+        if inline and not expired:
+            owner.inline_class = cls
+    if inline:
         stage = "on_complete"
         try:
             result = op.on_complete()
@@ -467,14 +469,15 @@ def admit(
     """Kafka's tryCompleteElseWatch of ``op`` in ``life``'s purgatory: True if it completed
     during the call. All is checked first: a refused operation is left as it was."""
     # Closed or unbound: enter() refuses or binds. On the loop's thread, with it running,
-    # the running loop is that one. 3.11 asks the loop's is_running: _get_running_loop
-    # makes a getpid() call there (137 against 29 + 23 ns); 3.12 caches it per thread, a C
-    # call for a Python method (W1-cost on 3.12, compiled, asyncio: -507 per operation).
+    # the running loop is that one: 3.12 caches it per thread (W1-cost -507 against the
+    # loop's is_running); 3.11's makes a getpid() call, see Lifecycle.start for base_loop.
     if (
         life.closed
         or life.thread_id != _get_ident()
-        or (_running_loop() is not life.loop if _CACHED_RUNNING_LOOP else not life.loop_running())
-    ):
+        or (_running_loop() is not life.loop if _CACHED_RUNNING_LOOP else
+            life.base_loop._thread_id is None if life.base_loop is not None else
+            not life.loop_running())
+    ):  # fmt: skip
         life.enter()
     try:
         detached = op._owner
@@ -492,9 +495,7 @@ def admit(
     op._owner = life
     op._keys = watch_keys
     op._deadline = deadline
-    # try_complete through Python's own call: any answer taken by its truth (the compiled
-    # call through the class demands an exact bool, a TypeError for None or 1).
-    user: Any = op
+    user: Any = op  # Python's own call: any answer by its truth (mypyc's demands a bool)
     # Kafka's two tries, before and after watching, each try_guarded's body inline (two
     # calls less; tests/test_hot_path_shape.py holds both to it). Written out twice: a loop
     # over the two cost 547 more instructions per admission (callgrind, compiled, W1-cost).
@@ -517,9 +518,8 @@ def admit(
         else:
             op._keys = life.store.watch_threshold(op, watch_keys[0], threshold)  # type: ignore[union-attr]
     except BaseException as exc:
-        # Comparing a key with one already watched raised (the keys were checked above;
-        # the operation is never hashed): nothing may stay half-watched, and the operation
-        # goes back to its detached owner. The try costs nothing measurable (callgrind).
+        # Comparing a key with one already watched raised (the keys were checked above):
+        # nothing stays half-watched, and the operation goes back to its detached owner.
         life.store.unwatch(op, watch_keys)  # type: ignore[union-attr]
         op._owner = detached
         op._keys = ()

@@ -23,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, NoReturn, SupportsFloat, SupportsIndex, final
 
-from . import _shell
+from . import _shell, _threads
 from ._clock import DEFAULT_CLOCK, Cancellable, Clock
 from ._entry import TimerEntry, TimerHandle
 from ._errors import FATAL, not_copyable
@@ -52,7 +51,7 @@ MIN_TICK: Final = 1e-9
 _heappop: Final = heapq.heappop
 _callable: Final = callable  # a static in the compiled build, not a builtins lookup
 _running_loop: Final = asyncio._get_running_loop
-_get_ident: Final = threading.get_ident
+_get_ident: Final = _threads.get_ident  # threading.get_ident, see _threads
 
 
 @final

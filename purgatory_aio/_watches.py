@@ -22,11 +22,10 @@ the callbacks a walk runs: walks work on snapshots, and each entry is removed
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _gc
+from . import _gc, _threads
 from ._index import ThresholdIndex
 from ._keys import bad_key, looked_up
 from ._logging import get_logger
@@ -56,7 +55,7 @@ __all__ = [
     "WatchStore",
 ]
 
-_get_ident: Final = threading.get_ident
+_get_ident: Final = _threads.get_ident  # threading.get_ident, see _threads
 
 _log: Final = get_logger("purgatory_aio.purgatory")
 
