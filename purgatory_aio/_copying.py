@@ -166,6 +166,14 @@ def class_traits(
     unimplemented = tuple(
         name for name in ("on_complete", "try_complete") if _is_abstract(cls, base, name)
     )
+    tries = cls.try_complete
+    if inspect.iscoroutinefunction(tries) or inspect.isasyncgenfunction(tries):
+        # Its answer would be a coroutine, never awaited: a condition never checked.
+        raise TypeError(
+            f"{cls.__name__}.try_complete must be a plain method: it is called synchronously "
+            "and answers at once (an async one would return an unawaited coroutine); "
+            "await nothing there, and move asynchronous work to on_complete"
+        )
     return (
         unimplemented,
         inspect.iscoroutinefunction(cls.on_complete),

@@ -66,6 +66,7 @@ def _not_started() -> bool:
 
 
 _running_loop: Final = asyncio._get_running_loop
+_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)  # _running_loop: no getpid()
 _BASE_IS_RUNNING: Final = asyncio.BaseEventLoop.is_running
 
 # The cyclic-GC helpers (see _gc): statics in the compiled build, so each is one C call
@@ -78,8 +79,8 @@ class Lifecycle(Owner):
     """The owner of the operations of one purgatory.
 
     Operations call it only through the :class:`~._owner.Owner` interface; the
-    admission (``_operation.admit``) reads its public attributes (closed, loop,
-    loop_running, base_loop, now, horizon, store, timer); the purgatory and the watch store's
+    admission (``_operation.admit``) asks it ``on_loop()`` and reads its public
+    attributes (now, horizon, store, timer); the purgatory and the watch store's
     walks call the rest (the loop thread, cancel_for_key, shutdown's part).
     """
 
@@ -113,11 +114,11 @@ class Lifecycle(Owner):
         self._offload_threads = offload_threads
         self._capacity: anyio.CapacityLimiter | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: The loop it is bound to, and that loop's is_running (read by the admission).
+        #: The loop it is bound to, and that loop's is_running (see on_loop).
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.loop_running: Callable[[], bool] = _not_started
+        self._loop_running: Callable[[], bool] = _not_started
         #: On 3.11, the loop when its class keeps asyncio's is_running (see start).
-        self.base_loop: Any = None
+        self._base_loop: Any = None
         self.closed = False
         self._ids = itertools.count(1)
         self.n_event_errors = 0
@@ -140,18 +141,36 @@ class Lifecycle(Owner):
             self.thread_id = _get_ident()  # its loop may run on another thread now
             return
         self.loop = loop
-        self.loop_running = loop.is_running
-        if sys.version_info < (3, 12) and type(loop).is_running is _BASE_IS_RUNNING:
-            # The admission's running-loop test on 3.11, where _get_running_loop makes a
-            # getpid() call (137 against 29 + 23 ns for is_running). asyncio's is_running
-            # there is `self._thread_id is not None`, a Python frame per admission; for a
-            # class that keeps that method, the admission reads the same attribute instead
-            # (W1-cost, compiled, asyncio: -248 instructions an operation). 3.11 changes no
-            # more; from 3.12 on the admission asks _get_running_loop, a C call there.
-            self.base_loop = loop
+        self._loop_running = loop.is_running
+        if not _CACHED_RUNNING_LOOP and type(loop).is_running is _BASE_IS_RUNNING:
+            self._base_loop = loop  # see on_loop
         self.thread_id = _get_ident()
         self._clock.attach(self)
         _log.debug("purgatory_started", purgatory=self.name)
+
+    def on_loop(self) -> bool:
+        """Whether the caller runs on this purgatory's loop, that loop running, and the
+        purgatory open: the admission's test (it calls :meth:`enter` when not).
+
+        On the loop's thread with it running, the running loop is that one. 3.12 caches it
+        per thread (W1-cost on 3.12, compiled, asyncio: -507 instructions per operation
+        against the loop's is_running, a Python method). 3.11's _get_running_loop makes a
+        getpid() call (137 ns, against 29 + 23 for is_running), and its asyncio's
+        is_running is `self._thread_id is not None`: for a loop whose class keeps that
+        method, the test reads the same attribute (W1-cost, compiled, asyncio: -248
+        instructions per operation); other loops are asked. 3.11 changes no more.
+        """
+        return (
+            not self.closed
+            and self.thread_id == _get_ident()
+            and (
+                _running_loop() is self.loop
+                if _CACHED_RUNNING_LOOP
+                else self._base_loop._thread_id is not None
+                if self._base_loop is not None
+                else self._loop_running()
+            )
+        )
 
     def enter(self) -> None:
         """``async with`` the purgatory: refused once shut down, else bound to the loop."""

@@ -11,7 +11,6 @@ do, it asks of it.
 from __future__ import annotations
 
 import asyncio
-import sys
 import typing
 from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Generator, Hashable, Iterable
@@ -63,8 +62,6 @@ __all__ = [
 R = TypeVar("R")
 
 _get_ident: Final = _threads.get_ident  # threading.get_ident, see _threads
-_running_loop: Final = asyncio._get_running_loop
-_CACHED_RUNNING_LOOP: Final = sys.version_info >= (3, 12)  # _running_loop: no getpid()
 # Statics in the compiled build (see _gc), so each is one C call; None in the pure build.
 _track: Final = _gc.track
 _untrack: Final = _gc.untrack
@@ -468,16 +465,7 @@ def admit(
 ) -> bool:
     """Kafka's tryCompleteElseWatch of ``op`` in ``life``'s purgatory: True if it completed
     during the call. All is checked first: a refused operation is left as it was."""
-    # Closed or unbound: enter() refuses or binds. On the loop's thread, with it running,
-    # the running loop is that one: 3.12 caches it per thread (W1-cost -507 against the
-    # loop's is_running); 3.11's makes a getpid() call, see Lifecycle.start for base_loop.
-    if (
-        life.closed
-        or life.thread_id != _get_ident()
-        or (_running_loop() is not life.loop if _CACHED_RUNNING_LOOP else
-            life.base_loop._thread_id is None if life.base_loop is not None else
-            not life.loop_running())
-    ):  # fmt: skip
+    if not life.on_loop():  # closed or unbound: enter() refuses or binds
         life.enter()
     try:
         detached = op._owner
@@ -518,14 +506,7 @@ def admit(
         else:
             op._keys = life.store.watch_threshold(op, watch_keys[0], threshold)  # type: ignore[union-attr]
     except BaseException as exc:
-        # Comparing a key with one already watched raised (the keys were checked above):
-        # nothing stays half-watched, and the operation goes back to its detached owner.
-        life.store.unwatch(op, watch_keys)  # type: ignore[union-attr]
-        op._owner = detached
-        op._keys = ()
-        if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
-            raise
-        raise watching_failed(life.store, op, watch_keys, exc) from exc  # type: ignore[arg-type]
+        refused(life, op, watch_keys, detached, exc)
     # Ended meanwhile (another thread)? The guard declines, and the timer is skipped.
     if not (op._busy or op._state & ENDED):
         op._busy = True
@@ -546,6 +527,24 @@ def admit(
         # traverses it (see _gc). W1's outside variant: 1.42 -> 1.05 us net per operation.
         _untrack(op)
     return False
+
+
+def refused(
+    life: Lifecycle,
+    op: DelayedOperation[Any],
+    keys: tuple[Hashable, ...],
+    detached: Owner,
+    exc: BaseException,
+) -> typing.NoReturn:
+    """Watching ``op`` raised ``exc`` (comparing a key with one already watched; the keys
+    were checked before): nothing stays half-watched, ``op`` goes back to its ``detached``
+    owner, and ``exc`` is raised, an ordinary error as one that names the keys."""
+    life.store.unwatch(op, keys)  # type: ignore[union-attr]
+    op._owner = detached
+    op._keys = ()
+    if not isinstance(exc, Exception) or isinstance(exc, MemoryError):
+        raise exc
+    raise watching_failed(life.store, op, keys, exc) from exc  # type: ignore[arg-type]
 
 
 # -- the guarded try: how the walks and the admission call try_complete -----------------------

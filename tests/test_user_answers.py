@@ -159,3 +159,19 @@ async def test_cancel_for_key_offers_every_operation_its_cancel_when_one_raises(
         assert p.watched == 0 and p.num_delayed == 1
         await clock.advance(10.0)
         assert ops[2].expired and ops[2].result() == "expired"
+
+
+def test_an_asynchronous_try_complete_is_refused_when_the_class_is_made() -> None:
+    # Called synchronously, it would answer with a coroutine nobody awaits: refused
+    # with the reason, before any operation of the class exists.
+    with pytest.raises(TypeError, match=r"Waiting\.try_complete must be a plain method"):
+
+        class Waiting(MockOperation):
+            async def try_complete(self) -> bool:  # type: ignore[override]
+                return False
+
+    with pytest.raises(TypeError, match=r"Streaming\.try_complete must be a plain method"):
+
+        class Streaming(MockOperation):
+            async def try_complete(self):  # type: ignore[no-untyped-def,override]
+                yield False
