@@ -108,6 +108,7 @@ CORE_TESTS = (
     "test_relay_parsers.py",
     "test_threshold.py",
     "test_timer.py",
+    "test_thread_ident.py",
     "test_timer_buckets.py",
     "test_user_answers.py",
     "test_watch_lists.py",
