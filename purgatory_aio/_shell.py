@@ -279,6 +279,12 @@ def awaiting(
     return op.result()
 
 
+def answered(value: bool) -> Generator[None, None, bool]:
+    """An admission's answer, awaited (Python 3.12 and later: see ``_purgatory._Admitted``)."""
+    return value
+    yield  # never reached: it makes this a generator, which the await then runs
+
+
 def settled(op: DelayedOperation[R]) -> Generator[Any, None, R]:
     """``await op`` of a settled operation: its result at once."""
     return op.result()
