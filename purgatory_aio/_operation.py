@@ -383,12 +383,8 @@ def completed(
         return
     cls = type(op)
     expired = op._state & EXPIRED
-    inline = cls is owner.inline_class and not expired  # see Owner.inline_class: -157
-    if not inline:
-        inline = (cls._inline_expire if expired else cls._inline_complete) and not owner.offload
-        if inline and not expired:
-            owner.inline_class = cls
-    if inline:
+    # Satisfied ones of the class last seen inline ask nothing (see Owner.runs_inline: -157).
+    if (cls is owner.inline_class and not expired) or owner.runs_inline(cls, expired):
         stage = "on_complete"
         try:
             result = op.on_complete()

