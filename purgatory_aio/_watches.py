@@ -194,13 +194,8 @@ class WatchStore:
                 # An append: no hashing, and a list does not track itself again when an
                 # operation goes in (a dict does), so no untrack follows.
                 held.append(op)
-            elif type(held) is dict:
-                held[self.ident(op)] = op
-                if _untrack_container is not None:
-                    _untrack_container(held)
-            else:
-                self.place(key, op)  # a second operation: the key gets a list
-                grew = True
+            else:  # a second operation (the key gets a list), or a long list's dict
+                self.place(key, op)
         if grew and _untrack_container is not None:
             _untrack_container(lists)
         op._store = IN_WATCH_LISTS
@@ -284,8 +279,7 @@ class WatchStore:
         """``key``'s list was compacted to one operation or none (its entries uncounted
         already): the operation is held alone again, or the key is forgotten."""
         if left:
-            ops: WatchList = list(left.values()) if type(left) is dict else left  # type: ignore[assignment]
-            self.lists[key] = ops[0]
+            self.lists[key] = next(iter(left.values())) if type(left) is dict else left[0]
             if _untrack_container is not None:
                 _untrack_container(self.lists)  # a tracked value tracks the dict again
             return
