@@ -64,9 +64,11 @@ COMPILED_MODULES = (
 #: Hand-written C extensions built beside them, each from ``<name>.c`` in the package:
 #: ``_untrack`` takes pending operations out of the cyclic GC (see ``_gc.py``);
 #: ``_initsig`` gives a compiled class's ``__init__`` the signature help() shows;
-#: ``_threadid`` is ``threading.get_ident`` without an int per call (see ``_threads.py``).
+#: ``_threadid`` is ``threading.get_ident`` without an int per call (see ``_threads.py``);
+#: ``_compact`` drops ended operations from a watch list for the purge (see ``_stale.py``),
+#: reading their state where mypyc's layout of the same build keeps it.
 #: The compiled build fails without them, as without any compiled module.
-NATIVE_MODULES = ("_untrack", "_initsig", "_threadid")
+NATIVE_MODULES = ("_untrack", "_initsig", "_threadid", "_compact")
 
 #: What compiling needs in the build environment. mypyc type-checks the modules, so the
 #: package's own dependencies must be there for their type information (nothing of the
@@ -153,8 +155,11 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
         extensions = mypycify(sources, opt_level="3", debug_level="0")
         _clear_weakrefs_on_dealloc(extensions)
         _carry_docs(extensions, docs["c"])
+        layout = _layout_options(extensions)
         extensions += [
-            Extension(f"{_PACKAGE}.{name}", [f"{_PACKAGE}/{name}.c"], extra_compile_args=["-O2"])
+            Extension(
+                f"{_PACKAGE}.{name}", [f"{_PACKAGE}/{name}.c"], extra_compile_args=["-O2"], **layout
+            )
             for name in NATIVE_MODULES
         ]
         setup(
@@ -173,6 +178,26 @@ def build(out: Path, *, source: Path = _ROOT / _PACKAGE, quiet: bool = True) -> 
     if absent:
         raise BuildError(f"the build produced no extension for: {', '.join(absent)}")
     return package
+
+
+def _layout_options(extensions: list[Any]) -> dict[str, Any]:
+    """What a hand-written extension needs to read the compiled classes' fields: the
+    include path of mypyc's group (its runtime headers and the generated ones) and the
+    name of the group header declaring the object layouts, as ``PURGATORY_AIO_MYPYC_HEADER``
+    (``_compact.c`` includes it). One group: mypycify builds one shared library."""
+    groups = [ext for ext in extensions if ext.name.endswith("__mypyc")]
+    if len(groups) != 1 or len(groups[0].sources) != 1:
+        raise BuildError(
+            f"expected mypyc to build one shared library from one C file, got "
+            f"{[(ext.name, ext.sources) for ext in groups]}"
+        )
+    header = Path(groups[0].sources[0]).with_suffix(".h")
+    if not header.is_file():
+        raise BuildError(f"mypyc wrote no group header at {header}")
+    return {
+        "include_dirs": list(groups[0].include_dirs),
+        "define_macros": [("PURGATORY_AIO_MYPYC_HEADER", f'"{header.name}"')],
+    }
 
 
 #: What the weakref fix puts before every compiled deallocator frees its object.

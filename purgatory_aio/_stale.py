@@ -13,9 +13,10 @@ by serial number, from which each stale entry is then deleted in O(1).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _build
 from ._states import ENDED, IN_THRESHOLD_INDEX
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = [
     "SWEEP_RATIO",
     "drop_ended",
     "drop_ended_by_identity",
+    "drop_ended_in_python",
     "purge",
 ]
 
@@ -44,9 +46,10 @@ SWEEP_RATIO: Final = 8
 SHORT: Final = 32
 
 
-def drop_ended(watch_list: list[DelayedOperation[Any]]) -> int:
+def drop_ended_in_python(watch_list: list[DelayedOperation[Any]]) -> int:
     """Drop the operations that have ended from ``watch_list``, in place (it stays the
-    one object its key holds) and keeping the order; how many were dropped.
+    one object its key holds) and keeping the order; how many were dropped. The pure
+    build's :data:`drop_ended`, and what the compiled build's is tested against.
 
     One pass over the list writing every kept operation back: deleting the ended front
     in one slice first and indexing the rest cost more (W1-cost: +63 instructions per
@@ -60,6 +63,22 @@ def drop_ended(watch_list: list[DelayedOperation[Any]]) -> int:
     if dropped:
         del watch_list[kept:]
     return dropped
+
+
+def _drop_ended() -> Callable[[list[DelayedOperation[Any]]], int]:
+    if not _build.COMPILED:
+        return drop_ended_in_python
+    try:
+        from ._compact import drop_ended as native
+    except ImportError as exc:  # pragma: no cover - the compiled build always ships it
+        raise _build.missing_extension("_compact", exc) from None
+    return native
+
+
+#: :func:`drop_ended_in_python`, or on the compiled build its equal in C (``_compact.c``):
+#: a visit of the purge's sweep there is a class comparison, a read of the state and a
+#: swap, against about 76 instructions compiled by mypyc (W1-cost: see docs/benchmarks.md).
+drop_ended: Final = _drop_ended()
 
 
 def drop_ended_by_identity(by_identity: dict[object, DelayedOperation[Any]]) -> int:
@@ -79,6 +98,10 @@ def purge(store: WatchStore) -> None:
     sweep = store.watched <= SWEEP_RATIO * max(store.watched - store.live, len(dirty))
     removed = 0
     touched: dict[Hashable, None] = {}  # keys of short lists
+    if sweep and not indexes:
+        # The sweep finds every stale entry itself; the operations retired are visited
+        # only for the threshold indexes' stale counts, and there is no index.
+        dirty = []
     for op in dirty:
         keys = op._keys
         if op._store == IN_THRESHOLD_INDEX:

@@ -90,6 +90,7 @@ CORE_TESTS = (
     "test_api.py",
     "test_builds_differential.py",
     "test_callback_placement.py",
+    "test_compact.py",
     "test_copy_pickle.py",
     "test_docstrings.py",
     "test_free_threading.py",
