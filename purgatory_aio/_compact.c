@@ -9,6 +9,7 @@
  * class's MRO in PyType_IsSubtype; the state read as a tagged int; the kept entry
  * stored back through a checked list store; and the tail deleted through a slice
  * object. Here one visit is a class comparison, a read of the state word and a swap.
+ * The state word is a machine int (mypy_extensions' i64) in the compiled class.
  *
  * The state is read where the compiled class keeps it: the layout mypyc declares in
  * the group header of the same build (hatch_build.py passes its name in
@@ -24,6 +25,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifndef PURGATORY_AIO_MYPYC_HEADER
 #error "_compact.c is built by hatch_build.py, which names mypyc's group header"
@@ -34,6 +36,11 @@
 
 typedef purgatory_aio____operation___DelayedOperationObject OperationObject;
 
+/* The state word is declared i64 (_operation.py): a machine int here. A build where it
+ * is anything else stops here rather than read it as one. */
+_Static_assert(_Generic(((OperationObject *)0)->__state, int64_t: 1, default: 0),
+               "DelayedOperation._state must be an i64 field in the compiled class");
+
 /* DelayedOperation and the ENDED bits, looked up at the first call (the modules that
  * define them import this one's chooser, so not at import), and the last class
  * checked. Strong references: a class compared by address stays alive while it is
@@ -41,7 +48,7 @@ typedef purgatory_aio____operation___DelayedOperationObject OperationObject;
 typedef struct {
     PyTypeObject *base;
     PyTypeObject *last;
-    Py_ssize_t ended;
+    int64_t ended;
 } compact_state;
 
 static compact_state *
@@ -91,25 +98,24 @@ bind(compact_state *st)
     return 0;
 }
 
+/* The value mypyc keeps in a machine-int field that was never set (its "undefined"
+ * marker, with a bit of the object's bitmap clear): no state is negative. */
+#define UNSET_STATE ((int64_t)-113)
+
 /* 1 if op has ended, 0 if not, -1 with an exception set. */
 static int
 has_ended(compact_state *st, PyObject *op)
 {
-    CPyTagged state = ((OperationObject *)op)->__state;
-    if (CPyTagged_CheckShort(state)) {
-        return (CPyTagged_ShortAsSsize_t(state) & st->ended) != 0;
-    }
-    if (state == CPY_INT_TAG) {
+    int64_t state = ((OperationObject *)op)->__state;
+    if (state < 0) {
         PyErr_Format(PyExc_TypeError,
-                     "%R in a watch list has no state: its __init__ did not call "
-                     "super().__init__(timeout)", op);
+                     "%R in a watch list has no state%s", op,
+                     state == UNSET_STATE
+                         ? ": its __init__ did not call super().__init__(timeout)"
+                         : "");
         return -1;
     }
-    Py_ssize_t value = PyLong_AsSsize_t(CPyTagged_LongAsObject(state));
-    if (value == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    return (value & st->ended) != 0;
+    return (state & st->ended) != 0;
 }
 
 static PyObject *

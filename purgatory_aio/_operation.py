@@ -22,7 +22,7 @@ from ._detached import DETACHED
 from ._entry import TimerEntry
 from ._errors import FATAL, unimplemented, uninitialised
 from ._keys import check_keys, not_an_operation, not_fresh, watching_failed
-from ._native import mypyc_attr
+from ._native import i64, mypyc_attr
 from ._owner import Owner
 from ._shell import callback_raised
 from ._states import (
@@ -159,12 +159,12 @@ class DelayedOperation(TimerEntry, Generic[R], metaclass=ABCMeta):
         else:
             seconds = check_seconds(timeout, "timeout")
         self._timeout = seconds
-        self._state = 0
+        self._state: i64 = 0
         self._busy = False
         self._bucket = None
         self._owner: Owner = DETACHED
         self._keys: tuple[Hashable, ...] = ()
-        self._store = NOT_WATCHED  # where the watch store holds it (see _watches)
+        self._store: i64 = NOT_WATCHED  # where the watch store holds it (see _watches)
         self._ident: object = None  # its key in long watch lists, once in one
         self._waiter: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
         self._outcome: Any = None

@@ -29,6 +29,7 @@ from . import _gc, _threads
 from ._index import ThresholdIndex
 from ._keys import bad_key, looked_up
 from ._logging import get_logger
+from ._native import i64
 from ._operation import try_guarded
 from ._stale import drop_ended, drop_ended_by_identity, purge
 from ._states import (
@@ -103,10 +104,10 @@ class WatchStore:
         # advances the same key again): the operations each took out of the index.
         self.walks: dict[Hashable, list[list[DelayedOperation[Any]]]] = {}
         self.limit = purge_interval
-        self.watched = 0  # entries held, in lists and indexes
-        self.live = 0  # entries of operations not yet retired
+        self.watched: i64 = 0  # entries held, in lists and indexes
+        self.live: i64 = 0  # entries of operations not yet retired
         self.dirty: list[DelayedOperation[Any]] = []  # retired, maybe still held
-        self.purged = 0
+        self.purged: i64 = 0
         # The last serial number given to an operation entering a long list (see ident).
         self.serial = 0
         # key -> the highest value advance() was given while the key held entries; dropped

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Final
 
 from ._errors import FATAL
 from ._logging import get_logger
+from ._native import i64
 
 if TYPE_CHECKING:
     from ._entry import TimerEntry
@@ -96,7 +97,7 @@ class Bucket:
     def __init__(self, level: int) -> None:
         self.head: TimerEntry | None = None
         self.tail: TimerEntry | None = None
-        self.size = 0
+        self.size: i64 = 0
         self.expiration = NOT_QUEUED
         # The earliest deadline placed in it this rotation (entries cancelled since may
         # leave it too early, never too late): the reaper wakes for it, not for the
@@ -239,7 +240,7 @@ class Wheels:
         # batch itself is _firing, for a close() from one of its callbacks.
         self._batch = Bucket(BATCH_LEVEL)
         self._firing: list[TimerEntry] | None = None
-        self._count = 0
+        self._count: i64 = 0
         self._due_tick = 0  # the tick of the bucket a pass is flushing
         self._epoch = 0  # counts drains, so a pass notices close() from a callback
         self._reaping = False
