@@ -118,23 +118,17 @@ has_ended(compact_state *st, PyObject *op)
     return (state & st->ended) != 0;
 }
 
-static PyObject *
-drop_ended(PyObject *module, PyObject *watch_list)
+/* Move the entries of watch_list that have not ended to its front, in order; how many
+ * there are (the ended ones follow them), or -1 with an exception set. An ended one
+ * moves back in the swap, so the list holds the same objects throughout (a permutation)
+ * and nothing is released: no Python code runs and no object is freed here. */
+static Py_ssize_t
+partition(compact_state *st, PyObject *watch_list)
 {
-    if (!PyList_CheckExact(watch_list)) {
-        return PyErr_Format(PyExc_TypeError, "drop_ended() takes a list, not %.100s",
-                            Py_TYPE(watch_list)->tp_name);
-    }
-    compact_state *st = state_of(module);
-    if (st->base == NULL && bind(st) < 0) {
-        return NULL;
-    }
-    /* Borrowed while the loop runs: every class compared is held by an entry of the
-     * list, and nothing in the loop runs Python code or frees an object. */
+    /* Borrowed while the loop runs: every class compared is held by an entry. */
     PyTypeObject *last = st->last;
     Py_ssize_t size = PyList_GET_SIZE(watch_list);
     Py_ssize_t kept = 0;
-    int failed = 0;
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *op = PyList_GET_ITEM(watch_list, i);
         PyTypeObject *type = Py_TYPE(op);
@@ -142,20 +136,17 @@ drop_ended(PyObject *module, PyObject *watch_list)
             if (!PyType_IsSubtype(type, st->base)) {
                 PyErr_Format(PyExc_TypeError,
                              "a watch list holds %R, which is not a DelayedOperation", op);
-                failed = 1;
+                kept = -1;
                 break;
             }
             last = type;
         }
         int ended = has_ended(st, op);
         if (ended < 0) {
-            failed = 1;
+            kept = -1;
             break;
         }
         if (!ended) {
-            /* Kept entries move to the front in order; an ended one moves back in the
-             * swap, so the list holds the same objects throughout (a permutation), and
-             * the slice deletion below releases the ended ones. */
             if (kept != i) {
                 PyList_SET_ITEM(watch_list, i, PyList_GET_ITEM(watch_list, kept));
                 PyList_SET_ITEM(watch_list, kept, op);
@@ -167,15 +158,118 @@ drop_ended(PyObject *module, PyObject *watch_list)
         Py_INCREF(last);
         Py_XSETREF(st->last, last);
     }
-    if (failed) {
-        return NULL;
+    return kept;
+}
+
+/* Drop the ended operations of watch_list; how many, or -1 with an exception set.
+ * Releasing them can run Python code (a finaliser, a weakref callback), which may change
+ * this list or others: the list is whole and consistent by then. */
+static Py_ssize_t
+drop(compact_state *st, PyObject *watch_list)
+{
+    Py_ssize_t size = PyList_GET_SIZE(watch_list);
+    Py_ssize_t kept = partition(st, watch_list);
+    if (kept < 0) {
+        return -1;
     }
-    /* Releasing an ended operation can run Python code (a finaliser, a weakref
-     * callback); the list is whole and consistent by then. */
     if (kept < size && PyList_SetSlice(watch_list, kept, size, NULL) < 0) {
+        return -1;
+    }
+    return size - kept;
+}
+
+static PyObject *
+drop_ended(PyObject *module, PyObject *watch_list)
+{
+    if (!PyList_CheckExact(watch_list)) {
+        return PyErr_Format(PyExc_TypeError, "drop_ended() takes a list, not %.100s",
+                            Py_TYPE(watch_list)->tp_name);
+    }
+    compact_state *st = state_of(module);
+    if (st->base == NULL && bind(st) < 0) {
         return NULL;
     }
-    return PyLong_FromSsize_t(size - kept);
+    Py_ssize_t dropped = drop(st, watch_list);
+    return dropped < 0 ? NULL : PyLong_FromSsize_t(dropped);
+}
+
+/* Add (key, held) to *out, made on first use; 0, or -1 with an exception set. */
+static int
+note(PyObject **out, PyObject *key, PyObject *held)
+{
+    if (*out == NULL && (*out = PyList_New(0)) == NULL) {
+        return -1;
+    }
+    PyObject *pair = PyTuple_Pack(2, key, held);
+    if (pair == NULL) {
+        return -1;
+    }
+    int failed = PyList_Append(*out, pair);
+    Py_DECREF(pair);
+    return failed;
+}
+
+/* The sweep's pass over a watch store's lists (see _stale.sweep_lists_in_python, which
+ * says the same in Python and is what the pure build runs). Each key's value is
+ * visited where it stands: a list compacted, a lone operation tested. The dict is
+ * walked with PyDict_Next, which stays safe if a release runs code that changes it; the
+ * key and the value are held while either is used. */
+static PyObject *
+sweep_lists(PyObject *module, PyObject *lists)
+{
+    if (!PyDict_CheckExact(lists)) {
+        return PyErr_Format(PyExc_TypeError, "sweep_lists() takes a dict, not %.100s",
+                            Py_TYPE(lists)->tp_name);
+    }
+    compact_state *st = state_of(module);
+    if (st->base == NULL && bind(st) < 0) {
+        return NULL;
+    }
+    Py_ssize_t pos = 0, dropped = 0;
+    PyObject *key, *held, *changed = NULL, *dicts = NULL;
+    while (PyDict_Next(lists, &pos, &key, &held)) {
+        int failed = 0;
+        Py_INCREF(key);
+        Py_INCREF(held);
+        if (PyList_CheckExact(held)) {
+            Py_ssize_t gone = drop(st, held);
+            if (gone < 0) {
+                failed = 1;
+            }
+            else if (gone) {
+                dropped += gone;
+                failed = PyList_GET_SIZE(held) < 2 && note(&changed, key, held) < 0;
+            }
+        }
+        else if (PyDict_CheckExact(held)) {
+            failed = note(&dicts, key, held) < 0;
+        }
+        else if (PyType_IsSubtype(Py_TYPE(held), st->base)) {
+            int ended = has_ended(st, held);
+            if (ended < 0) {
+                failed = 1;
+            }
+            else if (ended) {  /* counted by the caller, which drops it */
+                failed = note(&changed, key, held) < 0;
+            }
+        }
+        else {
+            PyErr_Format(PyExc_TypeError, "a watch store holds %R under %R", held, key);
+            failed = 1;
+        }
+        Py_DECREF(held);
+        Py_DECREF(key);
+        if (failed) {
+            Py_XDECREF(changed);
+            Py_XDECREF(dicts);
+            return NULL;
+        }
+    }
+    PyObject *result = Py_BuildValue("(nOO)", dropped, changed ? changed : Py_None,
+                                     dicts ? dicts : Py_None);
+    Py_XDECREF(changed);
+    Py_XDECREF(dicts);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -183,6 +277,13 @@ static PyMethodDef methods[] = {
      PyDoc_STR("drop_ended(watch_list)\n--\n\n"
                "Drop the operations that have ended from watch_list, in place and keeping "
                "the order of the others; how many were dropped.")},
+    {"sweep_lists", sweep_lists, METH_O,
+     PyDoc_STR("sweep_lists(lists)\n--\n\n"
+               "Drop the ended operations from every watch list of a store's lists; "
+               "(dropped, changed, dicts): how many entries went, the (key, value) pairs "
+               "of lists left with fewer than two operations and of lone operations that "
+               "ended (not counted: the caller drops them), and the long lists held as "
+               "dicts, for the caller (None for none).")},
     {NULL, NULL, 0, NULL},
 };
 

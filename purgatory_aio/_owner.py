@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._native import i64
+
 if TYPE_CHECKING:
     import anyio
 
@@ -55,11 +57,11 @@ class Owner:
         #: The thread its loop runs on (-1: none yet, or detached).
         self.thread_id = -1
         #: How its operations left pending (counted by the operations' aftermath).
-        self.n_completed = 0
-        self.n_expired = 0
-        self.n_cancelled = 0
-        self.n_shutdown = 0
-        self.n_errors = 0
+        self.n_completed: i64 = 0
+        self.n_expired: i64 = 0
+        self.n_cancelled: i64 = 0
+        self.n_shutdown: i64 = 0
+        self.n_errors: i64 = 0
 
     def runs_inline(self, cls: type[DelayedOperation[Any]], expired: int) -> bool:
         """Whether the callbacks of an operation of class ``cls``, satisfied (or

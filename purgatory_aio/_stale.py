@@ -14,7 +14,7 @@ by serial number, from which each stale entry is then deleted in O(1).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from . import _build
 from ._states import ENDED, IN_THRESHOLD_INDEX
@@ -30,6 +30,8 @@ __all__ = [
     "drop_ended_by_identity",
     "drop_ended_in_python",
     "purge",
+    "sweep_lists",
+    "sweep_lists_in_python",
 ]
 
 #: A purge sweeps every list while what is watched is at most this many times what is
@@ -150,29 +152,79 @@ def purge(store: WatchStore) -> None:
                         store.release(key)
 
 
+#: What :func:`sweep_lists` answers: entries dropped, the ``(key, value)`` pairs to shrink
+#: (lists left with fewer than two operations, lone operations that ended) and the long
+#: lists held as dicts, each None when there are none.
+Swept: TypeAlias = tuple[int, list[tuple[Hashable, Any]] | None, list[tuple[Hashable, Any]] | None]
+
+
+def sweep_lists_in_python(lists: dict[Hashable, Any]) -> Swept:
+    """The sweep's pass over a store's lists: every list compacted, every lone operation
+    tested; the long lists held as dicts are left to the caller. The pure build's
+    :data:`sweep_lists`, and what the compiled build's is tested against. It walks a copy
+    of the items, as the C one walks the dict in a way that code run by a release (a
+    finaliser) cannot break."""
+    dropped = 0
+    changed: list[tuple[Hashable, Any]] | None = None
+    dicts: list[tuple[Hashable, Any]] | None = None
+    for key, held in list(lists.items()):
+        if type(held) is list:
+            gone = drop_ended_in_python(held)
+            if gone:
+                dropped += gone
+                if len(held) < 2:
+                    changed = [] if changed is None else changed
+                    changed.append((key, held))
+        elif type(held) is dict:
+            dicts = [] if dicts is None else dicts
+            dicts.append((key, held))
+        elif held._state & ENDED:  # counted where it is dropped (_sweep)
+            changed = [] if changed is None else changed
+            changed.append((key, held))
+    return dropped, changed, dicts
+
+
+def _sweep_lists() -> Callable[[dict[Hashable, Any]], Swept]:
+    if not _build.COMPILED:
+        return sweep_lists_in_python
+    from ._compact import sweep_lists as native  # _drop_ended found the extension
+
+    return native
+
+
+#: :func:`sweep_lists_in_python`, or on the compiled build its equal in C (``_compact.c``):
+#: the pass over the store's dict and the lists' compaction without a call per list
+#: (W1-cost: see docs/benchmarks.md).
+sweep_lists: Final = _sweep_lists()
+
+
 def _sweep(store: WatchStore) -> int:
     """Compact every watch list of ``store``; how many entries were dropped. W1-cost: the
     purge's 1.7k instructions per operation (a lookup, a test and a delete per stale
     entry) become a few hundred (callgrind, compiled, asyncio)."""
     lists = store.lists
-    dropped = 0
-    changed: list[tuple[Hashable, Any]] = []  # keys left with one operation or none
-    for key, held in lists.items():
-        if type(held) is list:
-            gone = drop_ended(held)
-        elif type(held) is dict:
-            gone = drop_ended_by_identity(held)
-        else:
-            if held._state & ENDED:  # type: ignore[union-attr]
-                dropped += 1
-                changed.append((key, ()))
-            continue
-        if gone:
-            dropped += gone
-            if len(held) < 2:
-                changed.append((key, held))
+    dropped, changed, dicts = sweep_lists(lists)
+    if dicts is not None:
+        for key, by_identity in dicts:
+            gone = drop_ended_by_identity(by_identity)
+            if gone:
+                dropped += gone
+                if len(by_identity) < 2:
+                    changed = [] if changed is None else changed
+                    changed.append((key, by_identity))
+    # The dict changes size only after the pass over it. A value that code run by a
+    # release (a finaliser admitting another operation) replaced meanwhile is left as it
+    # is now: its stale entries stay counted until a later purge finds them.
     store.watched -= dropped
-    # The dict changes size only after the pass over it.
-    for key, left in changed:
-        store.shrunk(key, left)
+    if changed is not None:
+        for key, held in changed:
+            if lists.get(key) is not held:
+                continue
+            if type(held) is list or type(held) is dict:
+                if len(held) < 2:
+                    store.shrunk(key, held)
+            else:  # a lone operation that ended
+                dropped += 1
+                store.watched -= 1
+                store.shrunk(key, ())
     return dropped

@@ -15,7 +15,12 @@ import pytest
 
 import purgatory_aio
 from purgatory_aio import DelayedOperation
-from purgatory_aio._stale import drop_ended, drop_ended_in_python
+from purgatory_aio._stale import (
+    drop_ended,
+    drop_ended_in_python,
+    sweep_lists,
+    sweep_lists_in_python,
+)
 
 
 class _Op(DelayedOperation[None]):
@@ -154,3 +159,90 @@ def test_the_compiled_build_runs_the_helper() -> None:
         assert type(drop_ended).__name__ == "builtin_function_or_method"
     else:
         assert drop_ended is drop_ended_in_python
+
+
+def _store_shape(rng: random.Random) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """Two equal stores' ``lists`` (the same operations): lists, lone operations and
+    long lists held as dicts, with some operations ended."""
+    ours: dict[Any, Any] = {}
+    reference: dict[Any, Any] = {}
+    for key in range(rng.randrange(0, 30)):
+        shape = rng.randrange(3)
+        if shape == 0:
+            ops = [_make(rng.randrange(3), i) for i in range(rng.randrange(2, 12))]
+            for op in ops:
+                _end(op, rng.choice([0, 0, 1, 2]))
+            ours[key], reference[key] = list(ops), list(ops)
+        elif shape == 1:
+            op = _make(rng.randrange(3), key)
+            _end(op, rng.choice([0, 1, 2]))
+            ours[key] = reference[key] = op
+        else:
+            ops = [_make(0, i) for i in range(rng.randrange(2, 6))]
+            for op in ops:
+                _end(op, rng.choice([0, 1]))
+            ours[key] = {i: op for i, op in enumerate(ops)}
+            reference[key] = ours[key]  # left to the caller: the very same dict
+    return ours, reference
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_sweep_answers_what_the_python_one_answers(seed: int) -> None:
+    ours, reference = _store_shape(random.Random(seed))
+    got = sweep_lists(ours)
+    want = sweep_lists_in_python(reference)
+    assert got[0] == want[0]
+
+    def pairs(found: list[tuple[Any, Any]] | None) -> list[tuple[Any, int]]:
+        return sorted((key, id(held)) for key, held in found or ())
+
+    # The same keys noted, each with its own store's value.
+    assert [k for k, _ in pairs(got[1])] == [k for k, _ in pairs(want[1])]
+    assert all(ours[key] is held for key, held in got[1] or ())
+    assert pairs(got[2]) == pairs(want[2])
+    for key in ours:
+        if type(ours[key]) is list:
+            assert all(a is b for a, b in zip(ours[key], reference[key], strict=True))
+
+
+@pytest.mark.skipif(not purgatory_aio.compiled, reason="the C helper's own guard")
+def test_the_sweep_refuses_what_a_store_never_holds() -> None:
+    with pytest.raises(TypeError):
+        sweep_lists({"k": object()})
+    with pytest.raises(TypeError):
+        sweep_lists([])  # type: ignore[arg-type]
+
+
+def test_a_purge_survives_a_release_that_admits_under_the_same_key() -> None:
+    # End to end: a purgatory whose purge releases operations whose finalisers watch
+    # new ones under the keys being swept. Every operation is accounted for after.
+    import asyncio
+
+    from purgatory_aio import Purgatory
+
+    async def main() -> None:
+        async with Purgatory("compact", purge_interval=8) as p:
+            born: list[_Op] = []
+
+            class Reborn(_Op):
+                def __del__(self) -> None:
+                    if len(born) < 20:
+                        child = _Op(5.0)
+                        born.append(child)
+                        p.try_complete_else_watch(child, [len(born) % 3])
+
+            for round_ in range(6):
+                ops = [Reborn(5.0) for _ in range(10)]
+                for i, op in enumerate(ops):
+                    await p.try_complete_else_watch(op, [i % 3, 10 + round_])
+                for op in ops:
+                    op.force_complete()
+                del ops, op
+                gc.collect()
+            assert p.num_delayed == len(born)
+            for child in born:
+                assert child.force_complete()
+            assert p.num_delayed == 0
+            assert p.watched - p.num_delayed <= 8
+
+    asyncio.run(main())
