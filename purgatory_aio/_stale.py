@@ -170,18 +170,24 @@ def sweep_lists_in_python(lists: dict[Hashable, Any]) -> Swept:
     for key, held in list(lists.items()):
         if type(held) is list:
             gone = drop_ended_in_python(held)
-            if gone:
-                dropped += gone
-                if len(held) < 2:
-                    changed = [] if changed is None else changed
-                    changed.append((key, held))
+            dropped += gone
+            if gone and len(held) < 2:
+                changed = _noted(changed, key, held)
         elif type(held) is dict:
-            dicts = [] if dicts is None else dicts
-            dicts.append((key, held))
+            dicts = _noted(dicts, key, held)
         elif held._state & ENDED:  # counted where it is dropped (_sweep)
-            changed = [] if changed is None else changed
-            changed.append((key, held))
+            changed = _noted(changed, key, held)
     return dropped, changed, dicts
+
+
+def _noted(
+    pairs: list[tuple[Hashable, Any]] | None, key: Hashable, held: Any
+) -> list[tuple[Hashable, Any]]:
+    """``pairs`` with ``(key, held)`` added, made on first use (as the C one's)."""
+    if pairs is None:
+        return [(key, held)]
+    pairs.append((key, held))
+    return pairs
 
 
 def _sweep_lists() -> Callable[[dict[Hashable, Any]], Swept]:
@@ -207,11 +213,9 @@ def _sweep(store: WatchStore) -> int:
     if dicts is not None:
         for key, by_identity in dicts:
             gone = drop_ended_by_identity(by_identity)
-            if gone:
-                dropped += gone
-                if len(by_identity) < 2:
-                    changed = [] if changed is None else changed
-                    changed.append((key, by_identity))
+            dropped += gone
+            if gone and len(by_identity) < 2:
+                changed = _noted(changed, key, by_identity)
     # The dict changes size only after the pass over it. A value that code run by a
     # release (a finaliser admitting another operation) replaced meanwhile is left as it
     # is now: its stale entries stay counted until a later purge finds them.
