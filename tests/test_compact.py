@@ -246,3 +246,23 @@ def test_a_purge_survives_a_release_that_admits_under_the_same_key() -> None:
             assert p.watched - p.num_delayed <= 8
 
     asyncio.run(main())
+
+
+def test_a_purge_interval_beyond_a_machine_int_is_taken() -> None:
+    # The store counts in machine ints on the compiled build; an interval larger than
+    # any count is the same as the largest one, not an OverflowError.
+    import asyncio
+
+    from purgatory_aio import Purgatory
+
+    async def main() -> None:
+        async with Purgatory("huge-interval", purge_interval=10**30) as p:
+            ops = [_Op(5.0) for _ in range(50)]
+            for op in ops:
+                await p.try_complete_else_watch(op, [1, 2])
+            for op in ops:
+                assert op.force_complete()
+            assert p.num_delayed == 0
+            assert p.watched == 100  # nothing purged: the interval is never exceeded
+
+    asyncio.run(main())
