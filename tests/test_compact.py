@@ -214,8 +214,11 @@ def test_the_sweep_refuses_what_a_store_never_holds() -> None:
 
 
 def test_a_purge_survives_a_release_that_admits_under_the_same_key() -> None:
-    # End to end: a purgatory whose purge releases operations whose finalisers watch
-    # new ones under the keys being swept. Every operation is accounted for after.
+    # End to end: the watch lists hold the last reference to each completed operation, so
+    # a purge releases them, and each finaliser watches a new operation under a new key
+    # and a key being swept. Before the sweep walked the store's dict in C, the compiled
+    # build's pass over it raised "dictionary changed size during iteration" out of
+    # force_complete. Every operation is accounted for after.
     import asyncio
 
     from purgatory_aio import Purgatory
@@ -229,16 +232,18 @@ def test_a_purge_survives_a_release_that_admits_under_the_same_key() -> None:
                     if len(born) < 20:
                         child = _Op(5.0)
                         born.append(child)
-                        p.try_complete_else_watch(child, [len(born) % 3])
+                        p.try_complete_else_watch(child, [100 + len(born), len(born) % 3])
 
             for round_ in range(6):
                 ops = [Reborn(5.0) for _ in range(10)]
                 for i, op in enumerate(ops):
                     await p.try_complete_else_watch(op, [i % 3, 10 + round_])
-                for op in ops:
-                    op.force_complete()
-                del ops, op
+                while ops:  # the caller keeps no reference: the lists hold the last one
+                    op = ops.pop()
+                    assert op.force_complete()
+                    del op
                 gc.collect()
+            assert len(born) == 20
             assert p.num_delayed == len(born)
             for child in born:
                 assert child.force_complete()
