@@ -178,15 +178,28 @@ drop(compact_state *st, PyObject *watch_list)
     return size - kept;
 }
 
-static PyObject *
-drop_ended(PyObject *module, PyObject *watch_list)
+/* The module's state, bound at the first call, for a function called with arg, whose
+ * type is right when `right` holds; NULL with an exception set otherwise. */
+static compact_state *
+ready(PyObject *module, PyObject *arg, int right, const char *wanted)
 {
-    if (!PyList_CheckExact(watch_list)) {
-        return PyErr_Format(PyExc_TypeError, "drop_ended() takes a list, not %.100s",
-                            Py_TYPE(watch_list)->tp_name);
+    if (!right) {
+        PyErr_Format(PyExc_TypeError, "%s, not %.100s", wanted, Py_TYPE(arg)->tp_name);
+        return NULL;
     }
     compact_state *st = state_of(module);
     if (st->base == NULL && bind(st) < 0) {
+        return NULL;
+    }
+    return st;
+}
+
+static PyObject *
+drop_ended(PyObject *module, PyObject *watch_list)
+{
+    compact_state *st = ready(module, watch_list, PyList_CheckExact(watch_list),
+                              "drop_ended() takes a list");
+    if (st == NULL) {
         return NULL;
     }
     Py_ssize_t dropped = drop(st, watch_list);
@@ -217,12 +230,9 @@ note(PyObject **out, PyObject *key, PyObject *held)
 static PyObject *
 sweep_lists(PyObject *module, PyObject *lists)
 {
-    if (!PyDict_CheckExact(lists)) {
-        return PyErr_Format(PyExc_TypeError, "sweep_lists() takes a dict, not %.100s",
-                            Py_TYPE(lists)->tp_name);
-    }
-    compact_state *st = state_of(module);
-    if (st->base == NULL && bind(st) < 0) {
+    compact_state *st = ready(module, lists, PyDict_CheckExact(lists),
+                              "sweep_lists() takes a dict");
+    if (st == NULL) {
         return NULL;
     }
     Py_ssize_t pos = 0, dropped = 0;
