@@ -12,6 +12,7 @@ once whichever runs; a process imports one implementation.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -20,7 +21,9 @@ from importlib.abc import MetaPathFinder
 from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
 from pathlib import Path
 from types import ModuleType
-from typing import Final
+from typing import Final, TypeVar, cast
+
+T = TypeVar("T")
 
 #: The environment variable that selects the pure implementation.
 NO_EXTENSIONS_VAR: Final = "PURGATORY_AIO_NO_EXTENSIONS"
@@ -62,12 +65,20 @@ if DISABLED and not any(isinstance(finder, _PureSource) for finder in sys.meta_p
 COMPILED: Final = not DISABLED and _has_extension("_timer")
 
 
-def missing_extension(name: str, exc: ImportError) -> ImportError:
-    """The error for a compiled install without its hand-written extension ``name``."""
-    return ImportError(
-        f"purgatory_aio's compiled core is installed without its {name} extension: "
-        f"reinstall it (PURGATORY_AIO_BUILD=compiled builds it): {exc}"
-    )
+def native(module: str, name: str, pure: T) -> T:
+    """``name`` from the compiled build's hand-written extension ``module`` (one of
+    hatch_build.py's NATIVE_MODULES), or ``pure`` when the pure implementation runs: the
+    one place that chooses between a C helper and the Python it stands for."""
+    if not COMPILED:
+        return pure
+    try:
+        extension = importlib.import_module(f"{_PACKAGE}.{module}")
+    except ImportError as exc:  # pragma: no cover - the compiled build always ships them
+        raise ImportError(
+            f"purgatory_aio's compiled core is installed without its {module} extension: "
+            f"reinstall it (PURGATORY_AIO_BUILD=compiled builds it): {exc}"
+        ) from None
+    return cast(T, getattr(extension, name))
 
 
-__all__ = ["COMPILED", "DISABLED", "NO_EXTENSIONS_VAR", "extensions_disabled", "missing_extension"]
+__all__ = ["COMPILED", "DISABLED", "NO_EXTENSIONS_VAR", "extensions_disabled", "native"]

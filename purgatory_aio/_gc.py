@@ -28,18 +28,14 @@ from typing import Protocol
 
 from . import _build
 
-untrack: Callable[[object], bool] | None
-track: Callable[[object], None] | None
-untrack_container: Callable[[object], None] | None
-track_container: Callable[[object], None] | None
-
-if _build.COMPILED:
-    try:
-        from ._untrack import track, track_container, untrack, untrack_container
-    except ImportError as exc:  # pragma: no cover - the compiled build always ships it
-        raise _build.missing_extension("_untrack", exc) from None
-else:
-    untrack = track = untrack_container = track_container = None
+untrack: Callable[[object], bool] | None = _build.native("_untrack", "untrack", None)
+track: Callable[[object], None] | None = _build.native("_untrack", "track", None)
+untrack_container: Callable[[object], None] | None = _build.native(
+    "_untrack", "untrack_container", None
+)
+track_container: Callable[[object], None] | None = _build.native(
+    "_untrack", "track_container", None
+)
 
 #: Whether pending operations are untracked in this build.
 UNTRACKING = untrack is not None

@@ -67,20 +67,12 @@ def drop_ended_in_python(watch_list: list[DelayedOperation[Any]]) -> int:
     return dropped
 
 
-def _drop_ended() -> Callable[[list[DelayedOperation[Any]]], int]:
-    if not _build.COMPILED:
-        return drop_ended_in_python
-    try:
-        from ._compact import drop_ended as native
-    except ImportError as exc:  # pragma: no cover - the compiled build always ships it
-        raise _build.missing_extension("_compact", exc) from None
-    return native
-
-
 #: :func:`drop_ended_in_python`, or on the compiled build its equal in C (``_compact.c``):
 #: a visit of the purge's sweep there is a class comparison, a read of the state and a
 #: swap, against about 76 instructions compiled by mypyc (W1-cost: see docs/benchmarks.md).
-drop_ended: Final = _drop_ended()
+drop_ended: Final[Callable[[list[DelayedOperation[Any]]], int]] = _build.native(
+    "_compact", "drop_ended", drop_ended_in_python
+)
 
 
 def drop_ended_by_identity(by_identity: dict[object, DelayedOperation[Any]]) -> int:
@@ -190,18 +182,12 @@ def _noted(
     return pairs
 
 
-def _sweep_lists() -> Callable[[dict[Hashable, Any]], Swept]:
-    if not _build.COMPILED:
-        return sweep_lists_in_python
-    from ._compact import sweep_lists as native  # _drop_ended found the extension
-
-    return native
-
-
 #: :func:`sweep_lists_in_python`, or on the compiled build its equal in C (``_compact.c``):
 #: the pass over the store's dict and the lists' compaction without a call per list
 #: (W1-cost: see docs/benchmarks.md).
-sweep_lists: Final = _sweep_lists()
+sweep_lists: Final[Callable[[dict[Hashable, Any]], Swept]] = _build.native(
+    "_compact", "sweep_lists", sweep_lists_in_python
+)
 
 
 def _sweep(store: WatchStore) -> int:

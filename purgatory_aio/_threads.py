@@ -13,18 +13,7 @@ from typing import Final
 
 from . import _build
 
-
-def _chosen() -> Callable[[], int]:
-    if not _build.COMPILED:
-        return threading.get_ident
-    try:
-        from ._threadid import get_ident
-    except ImportError as exc:  # pragma: no cover - the compiled build always ships it
-        raise _build.missing_extension("_threadid", exc) from None
-    return get_ident
-
-
 #: ``threading.get_ident``, or the compiled build's equal without an int per call.
-get_ident: Final = _chosen()
+get_ident: Final[Callable[[], int]] = _build.native("_threadid", "get_ident", threading.get_ident)
 
 __all__ = ["get_ident"]
